@@ -1,0 +1,35 @@
+# Every target creates or refreshes the venv it needs; nothing else is assumed on the machine.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench venv clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)  ## the main job: the whole pattern end to end on the embedded broker
+	$(BIN)/lbg demo $(ARGS)
+
+test: $(STAMP)  ## lint, then every test that the default run includes
+	$(BIN)/ruff check services tests bench
+	$(BIN)/python -m pytest $(ARGS)
+
+test-slow: $(STAMP)  ## long soak and scale tests only
+	$(BIN)/python -m pytest -m slow $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests bench
+	$(BIN)/ruff format --check services tests bench
+
+bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers
+	$(BIN)/python bench/throughput.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache
