@@ -1,0 +1,379 @@
+"""TOML configuration for every daemon: frozen dataclass sections, checked types and ranges.
+
+Any problem becomes a `ConfigError` whose message is one line naming the file, key and value.
+"""
+
+import dataclasses
+import json
+import math
+import operator
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from datetime import date, time
+from typing import Any, TypeVar
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+PASSWORD_ENV = "LBG_BROKER_PASSWORD"
+URL_SCHEMES = ("nats", "tls", "amqp", "amqps", "tcp", "tcps", "http", "https")
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_HANDLER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+_TOML_POSITION = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.S)
+_LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le)}
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+class ConfigError(Exception):
+    """A configuration problem, described in one line that names its file, key and value."""
+
+
+def _bounded(
+    default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None
+) -> Any:
+    """A dataclass field with an inclusive/exclusive numeric range checked by the loader."""
+    limits = {
+        name: value for name, value in (("ge", ge), ("gt", gt), ("le", le)) if value is not None
+    }
+    return dataclasses.field(default=default, metadata=limits)
+
+
+def _show(value: Any) -> str:
+    """Render a config value for an error message, always on one short line."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = _quote(value)
+    elif isinstance(value, dict):
+        text = "a table"
+    elif isinstance(value, list):
+        text = "an array"
+    elif isinstance(value, date | time):
+        text = value.isoformat()
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _quote(text: str) -> str:
+    """Double-quote text, escaping quotes, backslashes and anything unprintable."""
+    escape = (c if c.isprintable() and c not in '"\\' else json.dumps(c)[1:-1] for c in text)
+    return '"' + "".join(escape) + '"'
+
+
+def _key(name: str) -> str:
+    """Render a key as TOML would, quoting it unless it is a bare key."""
+    return name if _NAME.fullmatch(name) else _quote(name)
+
+
+def _check_name(what: str, value: str, pattern: re.Pattern[str], hint: str) -> None:
+    """Raise ValueError unless `value` matches `pattern` (names end up in subjects and streams)."""
+    if not pattern.fullmatch(value):
+        raise ValueError(f"{what}: expected {hint}, got {_show(value)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerSettings:
+    """How to reach the broker; the password can also come from a file or the environment."""
+
+    url: str = "nats://127.0.0.1:4222"
+    user: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    password_file: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
+    connect_timeout: float = _bounded(5.0, gt=0)
+
+    def validate(self) -> None:
+        """Reject URLs whose scheme no supported broker speaks, or that name no host."""
+        scheme, _, rest = self.url.partition("://")
+        if scheme.lower() not in URL_SCHEMES or not rest or rest.startswith("/"):
+            schemes = ", ".join(URL_SCHEMES)
+            raise ValueError(
+                f"url: expected <scheme>://<host> with scheme {schemes}; got {_show(self.url)}"
+            )
+
+    def secret(self) -> str | None:
+        """The password: `password`, else `password_file`'s content, else $LBG_BROKER_PASSWORD."""
+        if self.password is not None:
+            return self.password
+        if self.password_file is not None:
+            try:
+                with open(self.password_file, encoding="utf-8") as handle:
+                    return handle.read().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+                raise ConfigError(
+                    f"[broker] password_file: cannot read {_show(self.password_file)} ({reason})"
+                ) from None
+        return os.environ.get(PASSWORD_ENV) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSettings:
+    """A load-balancing group as cg-admin creates it: hash buckets spread over exclusive queues."""
+
+    name: str = "orders"
+    hash_prefix: str = "orders"
+    hash_count: int = _bounded(64, ge=1)
+    queue_count: int = _bounded(4, ge=1)
+    queue_size_mb: int = _bounded(100, ge=1)
+    client_username: str = "lbg-client"
+    hash_function: str = "java"
+    exclusive: bool = True
+
+    def validate(self) -> None:
+        """Names must be usable in subjects; every queue needs at least one bucket."""
+        _check_name("name", self.name, _NAME, "letters, digits, '-' or '_'")
+        _check_name("hash_prefix", self.hash_prefix, _PREFIX, "dot-separated subject tokens")
+        if not self.client_username:
+            raise ValueError("client_username: must not be empty")
+        if not self.hash_function:
+            raise ValueError("hash_function: must not be empty")
+        if self.queue_count > self.hash_count:
+            raise ValueError(
+                f"queue_count: must be <= hash_count ({self.hash_count}), got {self.queue_count}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRef:
+    """Names a group whose definition the daemon reads from the broker's store."""
+
+    name: str = "orders"
+
+    def validate(self) -> None:
+        """The name must be usable in stream and bucket names."""
+        _check_name("name", self.name, _NAME, "letters, digits, '-' or '_'")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublisherSettings:
+    """What hashed-publisher sends, how fast, and for how long (0 means unlimited)."""
+
+    id: str = ""
+    input: str = ""
+    keys: int = _bounded(100, ge=1)
+    rate: float = _bounded(0.0, ge=0)
+    count: int = _bounded(0, ge=0)
+    duration: float = _bounded(0.0, ge=0)
+    window: int = _bounded(1000, ge=1)
+    summary: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    """One lbg-client: static slot (index of count) or dynamic membership, and its handler."""
+
+    id: str = ""
+    index: int | None = _bounded(None, ge=0)
+    count: int | None = _bounded(None, ge=1)
+    cycle_seconds: float = _bounded(30.0, gt=0)
+    handler: str = "lbg.handlers:republish"
+    retries: int = _bounded(3, ge=0)
+    retry_backoff: float = _bounded(0.2, ge=0)
+    priority_timeout: float = _bounded(2.0, gt=0)
+    max_ack_pending: int = _bounded(1000, ge=1)
+    metrics_port: int = _bounded(0, ge=0, le=65535)
+
+    def validate(self) -> None:
+        """Static mode needs index and count together, with index < count; handler is mod:func."""
+        if (self.index is None) != (self.count is None):
+            given, missing = ("index", "count") if self.count is None else ("count", "index")
+            raise ValueError(f"{given}: static mode needs {missing} too")
+        if self.index is not None and self.count is not None and self.index >= self.count:
+            raise ValueError(f"index: must be < count ({self.count}), got {self.index}")
+        _check_name("handler", self.handler, _HANDLER, "module:function")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatorSettings:
+    """validation-client's report, strictness and when it stops on its own."""
+
+    report_json: str = ""
+    strict: bool = False
+    progress_interval: float = _bounded(5.0, ge=0)
+    idle_exit: float = _bounded(0.0, ge=0)
+    metrics_port: int = _bounded(0, ge=0, le=65535)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminConfig:
+    """config/cg-admin.toml."""
+
+    broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
+    group: GroupSettings = dataclasses.field(default_factory=GroupSettings)
+
+
+@dataclasses.dataclass(frozen=True)
+class PublisherConfig:
+    """config/hashed-publisher.toml."""
+
+    broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
+    group: GroupRef = dataclasses.field(default_factory=GroupRef)
+    publisher: PublisherSettings = dataclasses.field(default_factory=PublisherSettings)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """config/lbg-client.toml."""
+
+    broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
+    group: GroupRef = dataclasses.field(default_factory=GroupRef)
+    client: ClientSettings = dataclasses.field(default_factory=ClientSettings)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatorConfig:
+    """config/validation-client.toml."""
+
+    broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
+    group: GroupRef = dataclasses.field(default_factory=GroupRef)
+    validator: ValidatorSettings = dataclasses.field(default_factory=ValidatorSettings)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    schema: type[T],
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Read `path` (None: defaults only), apply dotted `overrides` (None values skipped), check."""
+    source = None if path is None else os.fspath(path)
+    data = {} if source is None else _read_toml(source)
+    applied = _apply_overrides(data, overrides or {})
+    return _Builder(source, applied).build(schema, data, ())
+
+
+def _read_toml(source: str) -> dict[str, Any]:
+    """Parse a TOML file, turning I/O and syntax problems into one-line ConfigErrors."""
+    try:
+        with open(source, "rb") as handle:
+            text = handle.read().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({(exc.strerror or str(exc)).lower()})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except ValueError as exc:
+        match = _TOML_POSITION.match(str(exc))
+        reason, line = (match.group(1), match.group(2)) if match else (str(exc), None)
+        where = f"line {line}: " if line else ""
+        raise ConfigError(f"{source}: {where}invalid TOML ({' '.join(reason.split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid TOML (nested too deeply)") from None
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> set[tuple[str, ...]]:
+    """Write each given override into `data`; return the key paths that were overridden."""
+    applied = set()
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        *parents, leaf = parts = tuple(dotted.split("."))
+        node = data
+        for depth, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                table = ".".join(parents[: depth + 1])
+                raise ConfigError(f"override {dotted}: {table} is {_show(node)}, not a table")
+        node[leaf] = value
+        applied.add(parts)
+    return applied
+
+
+class _Builder:
+    """Turns parsed TOML into (nested) dataclasses, naming the origin of any bad value."""
+
+    def __init__(self, source: str | None, overridden: set[tuple[str, ...]]) -> None:
+        self.source = source
+        self.overridden = overridden
+
+    def origin(self, overridden: bool) -> str:
+        """Who supplied a section's values: the file, the defaults, overrides, or a mix."""
+        if self.source is None:
+            return "overrides" if overridden else "defaults"
+        return f"{self.source} + overrides" if overridden else self.source
+
+    def error(self, path: tuple[str, ...], message: str) -> ConfigError:
+        """An error about the key at `path`, attributed to an override or to the file."""
+        if path in self.overridden:
+            return ConfigError(f"override {'.'.join(path)}: {message}")
+        *section, key = path
+        where = f"[{'.'.join(map(_key, section))}] {_key(key)}" if section else f"[{_key(key)}]"
+        return ConfigError(f"{self.origin(False)}: {where}: {message}")
+
+    def build(self, cls: type[T], data: dict[str, Any], path: tuple[str, ...]) -> T:
+        """Check every key of `data` against dataclass `cls` and construct it."""
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {}
+        for name, raw in data.items():
+            if name not in fields:
+                kind = "section" if isinstance(raw, dict) else "key"
+                known = ", ".join(sorted(fields))
+                raise self.error((*path, name), f"unknown {kind} (known: {known})")
+            values[name] = self.convert(fields[name], hints[name], raw, (*path, name))
+        for name, hint in hints.items():
+            if name not in values and dataclasses.is_dataclass(hint):
+                values[name] = self.build(hint, {}, (*path, name))
+        instance = cls(**values)
+        validate = getattr(instance, "validate", None)
+        if validate is not None:
+            try:
+                validate()
+            except ValueError as exc:
+                touched = any(p[: len(path)] == path for p in self.overridden)
+                raise ConfigError(
+                    f"{self.origin(touched)}: [{'.'.join(map(_key, path))}] {exc}"
+                ) from None
+        return instance
+
+    def convert(
+        self, field: dataclasses.Field[Any], hint: Any, raw: Any, path: tuple[str, ...]
+    ) -> Any:
+        """Check one value against its field's type and range; recurse into sections."""
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(raw, dict):
+                raise self.error(path, f"expected a table, got {_show(raw)}")
+            return self.build(hint, raw, path)
+        optional = isinstance(hint, types.UnionType)
+        kind = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint
+        value = _coerce(raw, kind)
+        if value is None or not _within(value, field.metadata):
+            raise self.error(path, f"expected {_expected(kind, field.metadata)}, got {_show(raw)}")
+        return value
+
+
+def _coerce(raw: Any, kind: type) -> Any:
+    """`raw` as `kind` (a bool is not a number; an int is a float), or None if it is not one."""
+    if isinstance(raw, bool) != (kind is bool):
+        return None
+    if kind is float and isinstance(raw, int | float):
+        try:
+            value = float(raw)
+        except OverflowError:
+            return None
+        return value if math.isfinite(value) else None
+    return raw if isinstance(raw, kind) else None
+
+
+def _within(value: Any, limits: Mapping[str, Any]) -> bool:
+    """Whether a value respects its field's ge/gt/le limits."""
+    return all(check(value, limits[name]) for name, (_, check) in _LIMITS.items() if name in limits)
+
+
+def _expected(kind: type, limits: Mapping[str, Any]) -> str:
+    """Describe what a field accepts, e.g. "an integer >= 1"."""
+    bounds = [f"{symbol} {limits[name]}" for name, (symbol, _) in _LIMITS.items() if name in limits]
+    return " ".join([_TYPE_NAMES[kind], " and ".join(bounds)]).strip()
