@@ -1,0 +1,22 @@
+"""Broker adapters behind one interface; `connect_broker` picks one from the URL scheme."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from lbg.broker.base import Broker, BrokerError
+from lbg.settings import BrokerSettings
+
+NATS_SCHEMES = {"nats", "tls"}
+
+
+async def connect_broker(
+    settings: BrokerSettings, client_name: str, priority_timeout: float = 2.0
+) -> Broker:
+    """Connect to the broker named by `settings.url` (nats:// or tls:// for NATS JetStream)."""
+    scheme = urlsplit(settings.url).scheme
+    if scheme in NATS_SCHEMES:
+        from lbg.broker.nats.adapter import NatsBroker
+
+        return await NatsBroker.connect(settings, client_name, priority_timeout)
+    raise BrokerError(f"broker url '{settings.url}': no adapter for scheme '{scheme}://'")

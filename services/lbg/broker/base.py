@@ -1,0 +1,158 @@
+"""The one interface the daemons need from a broker; each broker implements it in its own module.
+
+Correctness comes from the broker's exclusivity (one active consumer per queue); the client
+only decides which queues it prefers. Every adapter must therefore report, per bound queue,
+whether this consumer is the active one, and fence itself when it stops being so.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+from lbg.destinations import Destination, OutputKind
+from lbg.group import GroupConfig
+
+
+class BrokerError(Exception):
+    """A broker operation failed; the message is one line fit for an operator."""
+
+
+class GroupExists(BrokerError):
+    """Creating a group clashed with an existing object, named in the message."""
+
+
+class GroupNotFound(BrokerError):
+    """The group has no config in the broker's store."""
+
+
+class PublishError(BrokerError):
+    """The broker did not confirm a publish: it must not count as sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """What an operator needs to see about one queue of a group."""
+
+    queue: int
+    name: str
+    buckets: list[int]
+    backlog: int
+    in_flight: int
+    active_client: str | None
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message handed to a consumer, tied to the ownership epoch it was delivered in."""
+
+    body: bytes
+    subject: str
+    headers: Mapping[str, str]
+    redelivered: bool
+    epoch: int
+    token: object = field(repr=False, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputMessage:
+    """A message read back from one of the group's output destinations."""
+
+    kind: OutputKind
+    body: bytes
+    headers: Mapping[str, str]
+
+
+StateListener = Callable[[int, bool], None]
+
+
+class QueueBinding(abc.ABC):
+    """A consumer bound to one exclusive queue: active (receiving) or standby.
+
+    One worker drives a binding: `next()`, handle, `ack()`, and `release()` between messages.
+    """
+
+    queue: int
+
+    @property
+    @abc.abstractmethod
+    def active(self) -> bool:
+        """True while the broker delivers this queue to this consumer."""
+
+    @abc.abstractmethod
+    async def next(self) -> Delivery:
+        """Wait for the next message; only the active consumer receives any."""
+
+    @abc.abstractmethod
+    def owns(self, delivery: Delivery) -> bool:
+        """True if the delivery may still be processed: the binding has not lost the queue since."""
+
+    @abc.abstractmethod
+    async def ack(self, delivery: Delivery) -> bool:
+        """Acknowledge a processed delivery; False (and nothing sent) if ownership was lost."""
+
+    @abc.abstractmethod
+    async def release(self, standby_delay: float) -> None:
+        """Hand the queue over: flush acks, give up being active, wait, then stand by again."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Unbind for good (after in-flight work was acked)."""
+
+
+class Broker(abc.ABC):
+    """Everything the daemons need from a broker: the group store, publishing, consuming."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush pending work and disconnect."""
+
+    @abc.abstractmethod
+    async def create_group(self, name: str, config: GroupConfig) -> None:
+        """Provision queues, buckets and output destinations and store the config.
+
+        Raises GroupExists naming the first clash; creates nothing in that case.
+        """
+
+    @abc.abstractmethod
+    async def read_group(self, name: str) -> GroupConfig:
+        """Read a group's config from the broker's store (the JNDI analogue)."""
+
+    @abc.abstractmethod
+    async def list_groups(self) -> dict[str, GroupConfig]:
+        """All groups in the store, by name."""
+
+    @abc.abstractmethod
+    async def delete_group(self, name: str) -> None:
+        """Remove that group's objects and config, and nothing else."""
+
+    @abc.abstractmethod
+    async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        """Backlog and active client of each queue of the group."""
+
+    @abc.abstractmethod
+    async def publish(
+        self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Publish persistently; return once the broker confirmed it, else raise PublishError."""
+
+    @abc.abstractmethod
+    async def bind(
+        self,
+        group: str,
+        config: GroupConfig,
+        queue: int,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> QueueBinding:
+        """Bind this client to one of the group's queues, as active or standby consumer.
+
+        When the queue is released, the broker should hand it to a `preferred` binding
+        (a primary) rather than to any other standby.
+        """
+
+    @abc.abstractmethod
+    def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        """Every message on the group's output destinations from the start, then new ones."""

@@ -1,0 +1,379 @@
+"""NATS JetStream behind the broker interface.
+
+Per group: one stream over `<HP>.>` (the events), one stream over `_lbg.<group>.>` (the
+validation, dead-letter and summary outputs), one durable pull consumer per queue filtered
+to its buckets, and the group config in the KV bucket `lbg_groups` (the JNDI analogue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+
+import nats
+import orjson
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import Error as JetStreamError
+from nats.js.kv import KeyValue
+
+from lbg.broker.base import (
+    Broker,
+    BrokerError,
+    GroupExists,
+    GroupNotFound,
+    OutputMessage,
+    PublishError,
+    QueueBinding,
+    QueueStatus,
+    StateListener,
+)
+from lbg.broker.nats import jsapi
+from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.group import GroupConfig, GroupConfigError
+from lbg.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+CONFIG_BUCKET = "lbg_groups"
+OWNERS_BUCKET = "lbg_owners"
+PUBLISH_TIMEOUT = 10.0
+ACK_WAIT = 30.0
+OUTPUT_MAX_BYTES = 1024**3
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-/:+=@~!,;]")
+
+
+def subject_token(level: str) -> str:
+    """Percent-encode a topic level so it is one NATS subject token (no '.', '*', '>', space)."""
+    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), level)
+
+
+def subject(destination: Destination) -> str:
+    """The NATS subject of a destination."""
+    return ".".join(subject_token(level) for level in destination.levels)
+
+
+def events_stream(group: str) -> str:
+    return f"LBG_{group}"
+
+
+def output_stream(group: str) -> str:
+    return f"LBG_{group}_OUT"
+
+
+def consumer_name(queue: int) -> str:
+    return f"q{queue}"
+
+
+def bucket_filters(config: GroupConfig, queue: int) -> list[str]:
+    """The queue's subscriptions: `<HP>.<b>.>` for each of its buckets."""
+    return [f"{config.hash_prefix}.{b}.>" for b in config.buckets_for_queue(queue)]
+
+
+class _ConnectionLog:
+    """Logs connection trouble, but not the disconnect that our own close causes."""
+
+    def __init__(self) -> None:
+        self.closing = False
+
+    async def error(self, exc: Exception) -> None:
+        log.warning("broker connection error: %s", exc)
+
+    async def disconnected(self) -> None:
+        if not self.closing:
+            log.warning("disconnected from the broker; reconnecting")
+
+    async def reconnected(self) -> None:
+        log.info("reconnected to the broker")
+
+
+async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionLog) -> Client:
+    """Connect, retrying for `connect_timeout` seconds so that start-up order does not matter."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.connect_timeout
+    delay = 0.2
+    while True:
+        try:
+            return await nats.connect(
+                servers=[settings.url],
+                name=name,
+                user=settings.user,
+                password=settings.secret() if settings.user else None,
+                token=settings.token,
+                connect_timeout=min(2.0, max(settings.connect_timeout, 0.1)),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=events.error,
+                disconnected_cb=events.disconnected,
+                reconnected_cb=events.reconnected,
+            )
+        except Exception as exc:
+            if loop.time() + delay > deadline:
+                raise BrokerError(
+                    f"cannot connect to {settings.url}: {exc or type(exc).__name__}"
+                ) from None
+            log.warning("broker %s not reachable (%s); retrying in %.1fs", settings.url, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class NatsBroker(Broker):
+    """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
+
+    def __init__(self, nc: Client, events: _ConnectionLog, priority_timeout: float = 2.0) -> None:
+        self._nc = nc
+        self._events = events
+        self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
+        self._priority_timeout = priority_timeout
+        self._kv: dict[str, KeyValue] = {}
+        self._background: set[asyncio.Task] = set()
+
+    @classmethod
+    async def connect(
+        cls, settings: BrokerSettings, name: str, priority_timeout: float = 2.0
+    ) -> NatsBroker:
+        """Connect to the server in `settings`."""
+        events = _ConnectionLog()
+        return cls(await connect_nats(settings, name, events), events, priority_timeout)
+
+    async def close(self) -> None:
+        self._events.closing = True
+        with contextlib.suppress(Exception):
+            await self._nc.drain()
+
+    async def _bucket(self, name: str) -> KeyValue:
+        if name not in self._kv:
+            try:
+                self._kv[name] = await self._js.key_value(name)
+            except BucketNotFoundError:
+                self._kv[name] = await self._js.create_key_value(bucket=name, history=1)
+        return self._kv[name]
+
+    async def _stream_exists(self, name: str) -> bool:
+        try:
+            await self._js.stream_info(name)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _check_clashes(self, name: str, config: GroupConfig) -> None:
+        configs = await self._bucket(CONFIG_BUCKET)
+        with contextlib.suppress(KeyNotFoundError):
+            await configs.get(name)
+            raise GroupExists(f"group '{name}' already exists (config in KV '{CONFIG_BUCKET}')")
+        for stream in (events_stream(name), output_stream(name)):
+            if await self._stream_exists(stream):
+                raise GroupExists(f"stream '{stream}' already exists")
+        prefix = config.hash_prefix
+        for other_name, other in (await self.list_groups()).items():
+            if other.hash_prefix == prefix:
+                raise GroupExists(f"hash prefix '{prefix}' is already used by group '{other_name}'")
+
+    async def create_group(self, name: str, config: GroupConfig) -> None:
+        await self._check_clashes(name, config)
+        created: list[str] = []
+        try:
+            await self._add_stream(
+                created,
+                StreamConfig(
+                    name=events_stream(name),
+                    subjects=[f"{config.hash_prefix}.>"],
+                    storage=StorageType.FILE,
+                    discard=DiscardPolicy.NEW,
+                    max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
+                ),
+            )
+            await self._add_stream(
+                created,
+                StreamConfig(
+                    name=output_stream(name),
+                    subjects=[f"{SYSTEM_PREFIX}.{name}.>"],
+                    storage=StorageType.FILE,
+                    discard=DiscardPolicy.NEW,
+                    max_bytes=OUTPUT_MAX_BYTES,
+                ),
+            )
+            for queue in range(config.queue_count):
+                await jsapi.create_consumer(
+                    self._nc,
+                    events_stream(name),
+                    jsapi.pinned_consumer_config(
+                        consumer_name(queue),
+                        bucket_filters(config, queue),
+                        PRIORITY_GROUP if config.exclusive else None,
+                        self._priority_timeout,
+                        max_ack_pending=1000,
+                        ack_wait=ACK_WAIT,
+                    ),
+                )
+            configs = await self._bucket(CONFIG_BUCKET)
+            await configs.create(name, config.to_json().encode())
+        except (JetStreamError, jsapi.JsApiError) as exc:
+            for stream in created:
+                with contextlib.suppress(Exception):
+                    await self._js.delete_stream(stream)
+            raise GroupExists(f"cannot create group '{name}': {exc}") from None
+
+    async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
+        try:
+            await self._js.add_stream(config)
+        except JetStreamError as exc:
+            raise BrokerError(f"stream '{config.name}': {exc}") from None
+        created.append(str(config.name))
+
+    async def read_group(self, name: str) -> GroupConfig:
+        configs = await self._bucket(CONFIG_BUCKET)
+        try:
+            entry = await configs.get(name)
+        except KeyNotFoundError:
+            raise GroupNotFound(f"group '{name}' does not exist (no config in KV)") from None
+        try:
+            return GroupConfig.from_json(entry.value or b"")
+        except GroupConfigError as exc:
+            raise BrokerError(f"group '{name}': stored config is invalid: {exc}") from None
+
+    async def list_groups(self) -> dict[str, GroupConfig]:
+        configs = await self._bucket(CONFIG_BUCKET)
+        try:
+            names = await configs.keys()
+        except (NotFoundError, NoKeysError):
+            return {}
+        groups = {}
+        for name in sorted(names):
+            with contextlib.suppress(GroupNotFound, BrokerError):
+                groups[name] = await self.read_group(name)
+        return groups
+
+    async def delete_group(self, name: str) -> None:
+        await self.read_group(name)
+        for stream in (events_stream(name), output_stream(name)):
+            with contextlib.suppress(NotFoundError):
+                await self._js.delete_stream(stream)
+        owners = await self._bucket(OWNERS_BUCKET)
+        with contextlib.suppress(NotFoundError, NoKeysError):
+            for key in await owners.keys():
+                if key.startswith(f"{name}."):
+                    await owners.purge(key)
+        await (await self._bucket(CONFIG_BUCKET)).purge(name)
+
+    async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        owners = await self._owners(name)
+        status = []
+        for queue in range(config.queue_count):
+            info = await jsapi.consumer_info(self._nc, events_stream(name), consumer_name(queue))
+            pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
+            owner = owners.get(queue)
+            active = owner["client"] if owner and owner.get("pin") in pins else None
+            status.append(
+                QueueStatus(
+                    queue=queue,
+                    name=f"{name}/{consumer_name(queue)}",
+                    buckets=config.buckets_for_queue(queue),
+                    backlog=int(info.get("num_pending", 0)),
+                    in_flight=int(info.get("num_ack_pending", 0)),
+                    active_client=active,
+                )
+            )
+        return status
+
+    async def _owners(self, group: str) -> dict[int, dict]:
+        owners = await self._bucket(OWNERS_BUCKET)
+        result: dict[int, dict] = {}
+        with contextlib.suppress(NotFoundError, NoKeysError):
+            for key in await owners.keys():
+                prefix, _, queue = key.rpartition(".")
+                if prefix == group and queue.isdigit():
+                    entry = await owners.get(key)
+                    result[int(queue)] = orjson.loads(entry.value or b"{}")
+        return result
+
+    async def publish(
+        self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        target = subject(destination)
+        try:
+            await self._js.publish(target, body, headers=dict(headers) if headers else None)
+        except NoRespondersError:
+            raise PublishError(f"no stream captures '{target}' (does the group exist?)") from None
+        except (NatsTimeoutError, TimeoutError):
+            raise PublishError(f"no acknowledgement for '{target}' in time") from None
+        except JetStreamError as exc:
+            raise PublishError(f"'{target}' rejected: {exc}") from None
+
+    async def bind(
+        self,
+        group: str,
+        config: GroupConfig,
+        queue: int,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> QueueBinding:
+        owners = await self._bucket(OWNERS_BUCKET)
+        try:
+            info = await jsapi.consumer_info(self._nc, events_stream(group), consumer_name(queue))
+        except jsapi.JsApiError as exc:
+            raise BrokerError(f"group '{group}' queue {queue}: {exc}") from None
+        timeout_ns = info.get("config", {}).get("priority_timeout") or 0
+        priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
+
+        def changed(q: int, active: bool) -> None:
+            if active:
+                record = orjson.dumps({"client": client_id, "pin": binding.pin})
+                task = asyncio.create_task(owners.put(f"{group}.{q}", record))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            if on_change is not None:
+                on_change(q, active)
+
+        binding = NatsQueueBinding(
+            self._nc,
+            events_stream(group),
+            consumer_name(queue),
+            queue,
+            pinned=config.exclusive,
+            priority_timeout=priority_timeout,
+            preferred=preferred,
+            on_change=changed,
+        )
+        return binding
+
+    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        sub = await self._js.pull_subscribe(
+            f"{SYSTEM_PREFIX}.{group}.>",
+            stream=output_stream(group),
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.ALL,
+                inactive_threshold=60.0,
+            ),
+        )
+        kinds = {kind.value: kind for kind in OutputKind}
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(batch=1000, timeout=1.0)
+                except (NatsTimeoutError, TimeoutError):
+                    continue
+                for msg in messages:
+                    kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
+                    if kind is not None:
+                        yield OutputMessage(kind, msg.data, msg.headers or {})
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

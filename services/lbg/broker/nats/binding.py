@@ -1,0 +1,272 @@
+"""An exclusive queue on NATS JetStream: a durable pull consumer with a pinned_client group.
+
+The server delivers to one pinned pull at a time. This binding keeps a pull open at all
+times (so an idle or busy owner keeps its pin), RESETs the consumer when it becomes the
+owner (so the previous owner's unacked messages come first, in order), and fences itself
+on a 423 or when it has not pulled for most of `priority_timeout` (a stalled owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from lbg.broker.base import Delivery, QueueBinding, StateListener
+from lbg.broker.nats import jsapi
+
+log = logging.getLogger(__name__)
+
+PRIORITY_GROUP = "lbg"
+PIN_HEADER = "Nats-Pin-Id"
+FENCE_FRACTION = 0.8
+PULL_BATCH = 200
+
+
+@dataclass(eq=False)
+class _Pull:
+    """One outstanding pull request and its reply inbox."""
+
+    subscription: Subscription | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    remaining: int = 0
+    takeover_pin: str | None = None
+
+
+class NatsQueueBinding(QueueBinding):
+    """One client's binding to one queue (durable consumer); exclusive when `pinned`."""
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        queue: int,
+        pinned: bool,
+        priority_timeout: float,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> None:
+        self.queue = queue
+        self._nc = nc
+        self._stream = stream
+        self._consumer = consumer
+        self._pinned = pinned
+        self._preferred = preferred
+        self._timeout = priority_timeout
+        self._expires = priority_timeout / 3
+        self._on_change = on_change
+        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._pin: str | None = None
+        self._active = not pinned
+        self._epoch = 0
+        self._last_pull = time.monotonic()
+        self._running = asyncio.Event()
+        self._running.set()
+        self._closed = False
+        self._pull = _Pull()
+        self._task = asyncio.create_task(self._pull_loop(), name=f"pull-{consumer}")
+
+    @property
+    def active(self) -> bool:
+        return self._active and not self._stalled()
+
+    @property
+    def pin(self) -> str | None:
+        """The pin id the server gave this binding, while it is the owner."""
+        return self._pin
+
+    def _stalled(self) -> bool:
+        return self._pinned and time.monotonic() - self._last_pull > self._timeout * FENCE_FRACTION
+
+    def owns(self, delivery: Delivery) -> bool:
+        if delivery.epoch != self._epoch or not self._active:
+            return False
+        if self._stalled():
+            self._lose("no pull sent for too long (stalled)")
+            return False
+        return True
+
+    async def next(self) -> Delivery:
+        while True:
+            delivery = await self._buffer.get()
+            if delivery.epoch == self._epoch:
+                return delivery
+
+    async def ack(self, delivery: Delivery) -> bool:
+        if not self.owns(delivery):
+            return False
+        await self._nc.publish(str(delivery.token), b"+ACK")
+        return True
+
+    async def release(self, standby_delay: float) -> None:
+        if not self._pinned:
+            return
+        self._running.clear()
+        self._abort_pull()
+        was_owner = self._active and self._pin is not None
+        pin = self._pin
+        self._lose("released for handover")
+        await self._nc.flush()
+        if was_owner:
+            await self._unpin_if_mine(pin)
+        await asyncio.sleep(standby_delay)
+        if not self._closed:
+            self._running.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._running.set()
+        self._abort_pull()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        pin = self._pin if self._active else None
+        self._lose("closed")
+        if self._nc.is_connected:
+            await self._nc.flush()
+            if self._pinned and pin is not None:
+                await self._unpin_if_mine(pin)
+
+    async def _unpin_if_mine(self, pin: str | None) -> None:
+        """UNPIN only while the server still pins us, so we never unseat a new owner."""
+        try:
+            info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+            groups = info.get("priority_groups") or []
+            if any(g.get("pinned_client_id") == pin for g in groups):
+                await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
+        except (jsapi.JsApiError, TimeoutError) as exc:
+            log.warning("queue %d: unpin failed: %s", self.queue, exc)
+
+    def _set_active(self, active: bool, reason: str) -> None:
+        if active == self._active:
+            return
+        self._active = active
+        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
+        if self._on_change is not None:
+            self._on_change(self.queue, active)
+
+    def _lose(self, reason: str) -> None:
+        """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
+        self._epoch += 1
+        self._pin = None
+        while not self._buffer.empty():
+            self._buffer.get_nowait()
+        if self._pinned:
+            self._set_active(False, reason)
+
+    def _abort_pull(self) -> None:
+        self._pull.done.set()
+
+    async def _pull_loop(self) -> None:
+        while not self._closed:
+            await self._running.wait()
+            if self._closed:
+                return
+            try:
+                if await self._should_wait_in_background():
+                    await asyncio.sleep(self._timeout / 2)
+                    continue
+                await self._pull_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("queue %d: pull failed: %s", self.queue, exc)
+                await asyncio.sleep(min(self._expires, 0.5))
+
+    async def _should_wait_in_background(self) -> bool:
+        """A non-preferred standby stays out of the way while the queue has a live owner.
+
+        Only preferred bindings keep a standby pull waiting at all times, so a released
+        queue goes to its preferred client; the others pull once the broker has unpinned
+        a silent owner, so the queue is still taken over when no preferred client is left.
+        """
+        if not self._pinned or self._preferred or self._active:
+            return False
+        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+        return any(g.get("pinned_client_id") for g in info.get("priority_groups") or [])
+
+    async def _pull_once(self) -> None:
+        pull = _Pull(remaining=PULL_BATCH)
+        self._pull = pull
+
+        async def on_message(msg: Msg) -> None:
+            self._on_message(pull, msg)
+
+        pull.subscription = await self._nc.subscribe(self._nc.new_inbox(), cb=on_message)
+        request: dict[str, object] = {"batch": PULL_BATCH, "expires": jsapi.nanos(self._expires)}
+        if self._pinned:
+            request["group"] = PRIORITY_GROUP
+            if self._pin is not None:
+                request["id"] = self._pin
+        try:
+            await self._nc.publish(
+                jsapi.next_subject(self._stream, self._consumer),
+                orjson.dumps(request),
+                reply=pull.subscription.subject,
+            )
+            self._last_pull = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pull.done.wait(), self._expires * 1.5)
+        finally:
+            with contextlib.suppress(Exception):
+                await pull.subscription.unsubscribe()
+        if pull.takeover_pin is not None and self._running.is_set() and not self._closed:
+            await self._take_over(pull.takeover_pin)
+
+    async def _take_over(self, pin: str) -> None:
+        """Become the owner: rewind to the ack floor so the old owner's unacked work comes first."""
+        await jsapi.reset(self._nc, self._stream, self._consumer)
+        self._lose("taking over")
+        self._pin = pin
+        self._set_active(True, "pinned by the broker")
+
+    def _on_message(self, pull: _Pull, msg: Msg) -> None:
+        if pull.done.is_set():
+            return
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status is not None and not msg.data:
+            self._on_status(pull, status, headers.get("Description", ""))
+            return
+        if self._pinned:
+            pin = headers.get(PIN_HEADER)
+            if pin is not None and pin != self._pin:
+                pull.takeover_pin = pin
+                pull.done.set()
+                return
+        pull.remaining -= 1
+        if pull.remaining <= 0:
+            pull.done.set()
+        try:
+            redelivered = msg.metadata.num_delivered > 1
+        except Exception:
+            redelivered = False
+        self._buffer.put_nowait(
+            Delivery(
+                body=msg.data,
+                subject=msg.subject,
+                headers=headers,
+                redelivered=redelivered,
+                epoch=self._epoch,
+                token=msg.reply,
+            )
+        )
+
+    def _on_status(self, pull: _Pull, status: str, description: str) -> None:
+        if status == "100":
+            return
+        pull.done.set()
+        if status == "423":
+            self._lose(f"fenced by the broker: {description or 'pin id mismatch'}")
+        elif status not in ("404", "408", "409"):
+            log.warning("queue %d: pull status %s %s", self.queue, status, description)

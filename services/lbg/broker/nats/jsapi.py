@@ -1,0 +1,96 @@
+"""A thin layer over the raw `$JS.API` requests that nats-py does not cover (priority groups).
+
+nats-py 2.16 drops the consumer fields `priority_groups`, `priority_policy` and
+`priority_timeout`, and has no UNPIN or RESET: these requests are sent as plain JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from nats.aio.client import Client
+
+API_TIMEOUT = 5.0
+NANOS = 1_000_000_000
+
+
+class JsApiError(Exception):
+    """A `$JS.API` request answered with an error; keeps the server's code and description."""
+
+    def __init__(self, subject: str, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"{description} (code {code}/{err_code})")
+        self.subject = subject
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+def nanos(seconds: float) -> int:
+    """Durations in the JetStream API are integer nanoseconds."""
+    return int(seconds * NANOS)
+
+
+async def request(nc: Client, subject: str, payload: dict[str, Any] | None = None) -> dict:
+    """Send one API request and return its JSON answer, raising JsApiError on an error reply."""
+    body = orjson.dumps(payload) if payload is not None else b""
+    reply = await nc.request(subject, body, timeout=API_TIMEOUT)
+    answer = orjson.loads(reply.data) if reply.data else {}
+    error = answer.get("error")
+    if error:
+        raise JsApiError(
+            subject, error.get("code", 0), error.get("err_code", 0), error.get("description", "")
+        )
+    return answer
+
+
+def pinned_consumer_config(
+    name: str,
+    filter_subjects: list[str],
+    group: str | None,
+    priority_timeout: float,
+    max_ack_pending: int,
+    ack_wait: float,
+) -> dict[str, Any]:
+    """A durable pull consumer; with `group`, a pinned_client priority group makes it exclusive."""
+    config: dict[str, Any] = {
+        "durable_name": name,
+        "ack_policy": "explicit",
+        "deliver_policy": "all",
+        "ack_wait": nanos(ack_wait),
+        "max_ack_pending": max_ack_pending,
+        "filter_subjects": filter_subjects,
+    }
+    if group is not None:
+        config |= {
+            "priority_groups": [group],
+            "priority_policy": "pinned_client",
+            "priority_timeout": nanos(priority_timeout),
+        }
+    return config
+
+
+async def create_consumer(nc: Client, stream: str, config: dict[str, Any]) -> dict:
+    """Create a durable consumer on `stream`; fails if one exists with another config."""
+    subject = f"$JS.API.CONSUMER.CREATE.{stream}.{config['durable_name']}"
+    return await request(nc, subject, {"stream_name": stream, "config": config})
+
+
+async def consumer_info(nc: Client, stream: str, consumer: str) -> dict:
+    """The consumer's state: pending, ack pending, the pinned client of its priority group."""
+    return await request(nc, f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
+
+
+async def unpin(nc: Client, stream: str, consumer: str, group: str) -> dict:
+    """Release the pin so a waiting standby pull becomes the active one at once."""
+    return await request(nc, f"$JS.API.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+
+
+async def reset(nc: Client, stream: str, consumer: str) -> dict:
+    """Rewind delivery to the ack floor + 1 and clear pending state (server 2.14+)."""
+    return await request(nc, f"$JS.API.CONSUMER.RESET.{stream}.{consumer}")
+
+
+def next_subject(stream: str, consumer: str) -> str:
+    """Where pull requests for a consumer are sent."""
+    return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
