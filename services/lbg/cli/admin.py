@@ -1,0 +1,188 @@
+"""cg-admin: create, list, show and delete load-balanced groups in the broker."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import orjson
+
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker, GroupExists
+from lbg.cli.common import (
+    broker_option,
+    config_option,
+    default_id,
+    fail,
+    load,
+    quiet_option,
+    run,
+    setup_logging,
+)
+from lbg.group import GroupConfig, validate_group_name
+from lbg.settings import AdminConfig
+
+
+def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
+    overrides = {"broker.url": ctx.obj["broker_url"]}
+    overrides |= {f"group.{key}": value for key, value in group_overrides.items()}
+    return load(ctx.obj["config_path"], AdminConfig, overrides)
+
+
+async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 2.0) -> int:
+    broker: Broker = await connect_broker(settings.broker, default_id("cg-admin"), priority_timeout)
+    try:
+        return await action(broker)
+    finally:
+        await broker.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@broker_option
+@quiet_option
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, broker_url: str | None, quiet: bool) -> None:
+    """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
+
+    A group has QC exclusive queues; queue q takes the hash buckets q, q+QC, q+2QC, ... below
+    HC. Its config (HP, HC, QC, QS, CU, HF) is stored in the broker for every daemon to read.
+    """
+    setup_logging(quiet=quiet)
+    ctx.obj = {"config_path": config_path, "broker_url": broker_url}
+
+
+@main.command()
+@click.option("--group", "name", help="Group name [config: group.name].")
+@click.option("--hash-prefix", help="HP: first topic level of the group's events.")
+@click.option("--hash-count", type=int, help="HC: number of hash buckets (>= QC).")
+@click.option("--queue-count", type=int, help="QC: number of exclusive queues (max clients).")
+@click.option("--queue-size", "queue_size_mb", type=int, help="QS: spool per queue, MB.")
+@click.option("--client-username", help="CU: the identity LBG clients use.")
+@click.option("--hash-function", type=click.Choice(["java", "murmur2", "messagedb"]))
+@click.option(
+    "--competing/--exclusive",
+    default=None,
+    help="Competing consumers (no per-key order: the explicit opt-out) or exclusive queues.",
+)
+@click.option(
+    "--from-json",
+    "from_json",
+    help='The original JSON form, e.g. \'{"HP":"hash1","HC":100,"QC":12,"QS":100,"CU":"lg_cu1"}\'.',
+)
+@click.option(
+    "--priority-timeout",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds before the broker moves a silent owner's queue (NATS).",
+)
+@click.option("--if-not-exists", is_flag=True, help="Succeed if the same group already exists.")
+@click.pass_context
+def create(
+    ctx: click.Context,
+    name: str | None,
+    competing: bool | None,
+    from_json: str | None,
+    priority_timeout: float,
+    if_not_exists: bool,
+    **fields: object,
+) -> None:
+    """Create a group; refuses, naming the clash, if any of its objects exists."""
+    exclusive = None if competing is None else not competing
+    settings = _settings(ctx, name=name, exclusive=exclusive, **fields)
+    group_name = validate_group_name(settings.group.name)
+    g = settings.group
+    if from_json is not None:
+        config = GroupConfig.from_json(from_json)
+    else:
+        config = GroupConfig(
+            hash_prefix=g.hash_prefix,
+            hash_count=g.hash_count,
+            queue_count=g.queue_count,
+            queue_size_mb=g.queue_size_mb,
+            client_username=g.client_username,
+            hash_function=g.hash_function,
+            exclusive=g.exclusive,
+        )
+
+    async def action(broker: Broker) -> int:
+        try:
+            await broker.create_group(group_name, config)
+        except GroupExists as exc:
+            existing = (await broker.list_groups()).get(group_name)
+            if if_not_exists and existing == config:
+                click.echo(f"group '{group_name}' already exists with the same config")
+                return 0
+            fail(str(exc))
+        click.echo(f"created group '{group_name}': {config.to_json()}")
+        for queue in range(config.queue_count):
+            buckets = config.buckets_for_queue(queue)
+            click.echo(f"  queue {queue}: {len(buckets)} buckets {_short(buckets)}")
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action, priority_timeout))
+
+
+def _short(buckets: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, buckets[:limit]))
+    return f"[{shown}{', ...' if len(buckets) > limit else ''}]"
+
+
+@main.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: name -> config.")
+@click.pass_context
+def list_groups(ctx: click.Context, as_json: bool) -> None:
+    """List every group stored in the broker."""
+    settings = _settings(ctx)
+
+    async def action(broker: Broker) -> int:
+        groups = await broker.list_groups()
+        if as_json:
+            as_dict = {name: orjson.loads(config.to_json()) for name, config in groups.items()}
+            sys.stdout.write(orjson.dumps(as_dict).decode() + "\n")
+            return 0
+        for name, config in groups.items():
+            click.echo(f"{name}\t{config.to_json()}")
+        if not groups:
+            click.echo("no groups")
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command()
+@click.argument("group", required=False)
+@click.pass_context
+def show(ctx: click.Context, group: str | None) -> None:
+    """Print a group's config and, per queue, its buckets, backlog and active client."""
+    settings = _settings(ctx, name=group)
+    name = settings.group.name
+
+    async def action(broker: Broker) -> int:
+        config = await broker.read_group(name)
+        click.echo(f"group '{name}': {config.to_json()}")
+        click.echo("queue\tbacklog\tin-flight\tactive client\tbuckets")
+        for status in await broker.queue_status(name, config):
+            click.echo(
+                f"{status.queue}\t{status.backlog}\t{status.in_flight}\t"
+                f"{status.active_client or '-'}\t{_short(status.buckets)}"
+            )
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command()
+@click.argument("group")
+@click.pass_context
+def delete(ctx: click.Context, group: str) -> None:
+    """Delete one group's queues, streams and config (and nothing else)."""
+    settings = _settings(ctx, name=group)
+
+    async def action(broker: Broker) -> int:
+        await broker.delete_group(validate_group_name(group))
+        click.echo(f"deleted group '{group}'")
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))

@@ -1,0 +1,105 @@
+"""lbg-client: a group member bound to every queue, active where the broker says."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from lbg.broker import connect_broker
+from lbg.cli.common import (
+    EXIT_USAGE,
+    broker_option,
+    config_option,
+    default_id,
+    fail,
+    group_option,
+    load,
+    quiet_option,
+    run,
+    setup_logging,
+    verbose_option,
+)
+from lbg.client import LbgClient, StaticRole
+from lbg.handlers import load_handler
+from lbg.settings import ClientConfig
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@broker_option
+@group_option
+@click.option("--id", "client_id", help="Client identity in logs and reports [default: host-pid].")
+@click.option(
+    "--client-index", "index", type=int, help="Static mode: this client's index (0-based)."
+)
+@click.option("--client-count", "count", type=int, help="Static mode: how many clients there are.")
+@click.option(
+    "--cycle-seconds", type=float, help="Static mode: release secondary queues this often."
+)
+@click.option("--handler", help="module:function called for each event (sync or async).")
+@click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
+@verbose_option
+@quiet_option
+def main(
+    config_path: str | None,
+    broker_url: str | None,
+    group_name: str | None,
+    client_id: str | None,
+    index: int | None,
+    count: int | None,
+    cycle_seconds: float | None,
+    handler: str | None,
+    retries: int | None,
+    verbose: int,
+    quiet: bool,
+) -> None:
+    """Bind every queue of the group; the broker makes one bound client per queue active.
+
+    Static mode (the original design): queue q is primary for the client with index
+    q mod count; secondary queues are released every --cycle-seconds so primaries reclaim
+    them. Each event is acked only after the handler succeeded; after --retries failures it
+    goes to the group's dead-letter destination with the reason. SIGTERM hands over cleanly.
+    """
+    setup_logging(verbose, quiet)
+    overrides = {
+        "broker.url": broker_url,
+        "group.name": group_name,
+        "client.id": client_id,
+        "client.index": index,
+        "client.count": count,
+        "client.cycle_seconds": cycle_seconds,
+        "client.handler": handler,
+        "client.retries": retries,
+    }
+    settings = load(config_path, ClientConfig, overrides)
+    c = settings.client
+    if c.index is None or c.count is None:
+        fail(
+            "static mode needs --client-index and --client-count (or client.index/count)",
+            EXIT_USAGE,
+        )
+    name = c.id or default_id("client")
+    user_handler = load_handler(c.handler)
+
+    async def serve(stop: asyncio.Event) -> int:
+        broker = await connect_broker(settings.broker, name)
+        try:
+            config = await broker.read_group(settings.group.name)
+            client = LbgClient(
+                broker,
+                settings.group.name,
+                config,
+                name,
+                user_handler,
+                StaticRole(c.index, c.count),
+                cycle_seconds=c.cycle_seconds,
+                retries=c.retries,
+                retry_backoff=c.retry_backoff,
+            )
+            await client.run(stop)
+            return 0
+        finally:
+            await broker.close()
+
+    run(serve)

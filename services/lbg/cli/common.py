@@ -1,0 +1,105 @@
+"""What every daemon's command line shares: one-line errors, logging, uvloop, stop signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+import uvloop
+
+from lbg.broker.base import BrokerError
+from lbg.group import GroupConfigError
+from lbg.handlers import HandlerLoadError
+from lbg.hashing import HashKeyError
+from lbg.settings import ConfigError, load_config
+
+T = TypeVar("T")
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXPECTED_ERRORS = (
+    ConfigError,
+    BrokerError,
+    GroupConfigError,
+    HandlerLoadError,
+    HashKeyError,
+    OSError,
+    ValueError,
+)
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="TOML config file (see config/); flags override its keys.",
+)
+broker_option = click.option("--broker-url", help="Broker URL, e.g. nats://127.0.0.1:4222.")
+group_option = click.option(
+    "--group", "group_name", help="Group name (its config is read from the broker)."
+)
+verbose_option = click.option(
+    "-v", "--verbose", count=True, help="More log detail (-vv for debug)."
+)
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+
+
+def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
+    """Timestamped one-line logs on stderr; stdout stays free for reports."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("lbg.validator.shards").setLevel(logging.INFO if verbose else logging.WARNING)
+    if verbose < 2:
+        logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """Print one line naming the problem and exit: never a traceback for expected errors."""
+    prog = os.path.basename(sys.argv[0]) or "lbg"
+    click.echo(f"{prog}: error: {message}", err=True)
+    sys.exit(code)
+
+
+def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
+    """Load a daemon's config, failing with one line on any problem."""
+    try:
+        return load_config(path, schema, overrides)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
+def default_id(kind: str) -> str:
+    """An identity that tells instances apart in logs and reports: kind-host-pid."""
+    return f"{kind}-{socket.gethostname().split('.')[0]}-{os.getpid()}"
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> NoReturn:
+    """Run an async main on uvloop; SIGTERM/SIGINT set its stop event; exit with its code."""
+
+    async def wrapper() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        return await main(stop)
+
+    try:
+        code = uvloop.run(wrapper())
+    except EXPECTED_ERRORS as exc:
+        fail(str(exc) or type(exc).__name__)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        logging.getLogger("lbg").debug("unexpected error", exc_info=True)
+        fail(f"unexpected {type(exc).__name__}: {exc} (run with -vv for details)")
+    sys.exit(code)

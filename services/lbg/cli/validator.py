@@ -1,0 +1,96 @@
+"""validation-client: checks every key's sequence and reports losses, reorders and duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+import orjson
+
+from lbg.broker import connect_broker
+from lbg.cli.common import (
+    broker_option,
+    config_option,
+    default_id,
+    group_option,
+    load,
+    quiet_option,
+    run,
+    setup_logging,
+    verbose_option,
+)
+from lbg.settings import ValidatorConfig
+from lbg.validator import Validator, run_validator
+
+log = logging.getLogger("lbg.validator")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@broker_option
+@group_option
+@click.option("--report-json", help="Write the final report to this file as JSON.")
+@click.option(
+    "--strict/--no-strict", default=None, help="Exit 1 if anything was lost or reordered."
+)
+@click.option("--progress-interval", type=float, help="Seconds between progress lines (0 = off).")
+@click.option(
+    "--idle-exit",
+    type=float,
+    help="Exit once every published event is accounted for and nothing arrived for this long.",
+)
+@verbose_option
+@quiet_option
+def main(
+    config_path: str | None,
+    broker_url: str | None,
+    group_name: str | None,
+    report_json: str | None,
+    strict: bool | None,
+    progress_interval: float | None,
+    idle_exit: float | None,
+    verbose: int,
+    quiet: bool,
+) -> None:
+    """Read what the LBG clients processed and check each key's sequence.
+
+    Each record is in order, a gap, a duplicate (seen before) or a reorder (below the
+    highest seen, never seen before). With the publishers' summaries it counts what was
+    lost. Runs until SIGTERM/SIGINT (or --idle-exit), then prints the report.
+    """
+    setup_logging(verbose, quiet)
+    overrides = {
+        "broker.url": broker_url,
+        "group.name": group_name,
+        "validator.report_json": report_json,
+        "validator.strict": strict,
+        "validator.progress_interval": progress_interval,
+        "validator.idle_exit": idle_exit,
+    }
+    settings = load(config_path, ValidatorConfig, overrides)
+    v = settings.validator
+
+    async def validate(stop: asyncio.Event) -> int:
+        broker = await connect_broker(settings.broker, default_id("validator"))
+        try:
+            await broker.read_group(settings.group.name)
+            report = await run_validator(
+                broker,
+                settings.group.name,
+                Validator(),
+                stop,
+                progress_interval=v.progress_interval,
+                idle_exit=v.idle_exit,
+            )
+        finally:
+            await broker.close()
+        click.echo(report.to_text())
+        if v.report_json:
+            Path(v.report_json).write_bytes(
+                orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2)
+            )
+        return 1 if v.strict and not report.ok else 0
+
+    run(validate)

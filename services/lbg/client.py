@@ -1,0 +1,227 @@
+"""The LBG client: binds every queue of its group and processes what the broker makes it active for.
+
+Static mode is the original design: `client_index` and `client_count` mark its primary
+queues (q mod count == index); every `cycle_seconds` it releases the secondary queues it is
+active on, so primaries reclaim them. One worker per queue processes messages in order,
+acks only after the handler succeeded, and dead-letters what cannot be processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from lbg.assignment import is_primary
+from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
+from lbg.destinations import OutputKind, output_destination
+from lbg.group import GroupConfig
+from lbg.handlers import AsyncHandler, Context
+from lbg.messages import MalformedMessage, decode_event
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+STANDBY_DELAY = 0.5
+REASON_CHARS = 500
+
+
+@dataclass(frozen=True)
+class StaticRole:
+    """The original design's fixed place in the group: this client's index among `count`."""
+
+    index: int
+    count: int
+
+    def is_primary(self, queue: int) -> bool:
+        return is_primary(queue, self.index, self.count)
+
+
+@dataclass
+class ClientStats:
+    """Counters of one client's run."""
+
+    processed: int = 0
+    dead_lettered: int = 0
+    handler_errors: int = 0
+    fenced: int = 0
+    handovers: int = 0
+    active: set[int] = field(default_factory=set)
+
+
+def _header_value(text: str) -> str:
+    return " ".join(text.split())[:REASON_CHARS]
+
+
+class LbgClient:
+    """One member of a load-balanced group."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        group: str,
+        config: GroupConfig,
+        client_id: str,
+        handler: AsyncHandler,
+        role: StaticRole,
+        cycle_seconds: float = 30.0,
+        retries: int = 3,
+        retry_backoff: float = 0.2,
+    ) -> None:
+        self._broker = broker
+        self._group = group
+        self._config = config
+        self.client_id = client_id
+        self._handler = handler
+        self._role = role
+        self._cycle = cycle_seconds
+        self._retries = retries
+        self._backoff = retry_backoff
+        self._bindings: list[QueueBinding] = []
+        self._release_requested: set[int] = set()
+        self._stopping = False
+        self.stats = ClientStats()
+
+    def _on_change(self, queue: int, active: bool) -> None:
+        if active:
+            self.stats.active.add(queue)
+            self.stats.handovers += 1
+        else:
+            self.stats.active.discard(queue)
+        primary = "primary" if self._role.is_primary(queue) else "secondary"
+        log.info(
+            "client %s %s queue %d (%s); active on %s",
+            self.client_id,
+            "now serves" if active else "stopped serving",
+            queue,
+            primary,
+            sorted(self.stats.active) or "none",
+        )
+
+    async def run(self, stop: asyncio.Event) -> ClientStats:
+        """Bind every queue and work until `stop` is set, then hand over cleanly."""
+        for queue in range(self._config.queue_count):
+            self._bindings.append(
+                await self._broker.bind(
+                    self._group,
+                    self._config,
+                    queue,
+                    self.client_id,
+                    preferred=self._role.is_primary(queue),
+                    on_change=self._on_change,
+                )
+            )
+        primaries = [q for q in range(self._config.queue_count) if self._role.is_primary(q)]
+        log.info(
+            "client %s bound %d queues of group '%s'; primary queues %s",
+            self.client_id,
+            len(self._bindings),
+            self._group,
+            primaries or "none",
+        )
+        workers = [asyncio.create_task(self._work(b)) for b in self._bindings]
+        cycler = asyncio.create_task(self._cycle_secondaries())
+        await stop.wait()
+        log.info("client %s stopping: finishing in-flight work", self.client_id)
+        self._stopping = True
+        cycler.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for binding in self._bindings:
+            with contextlib.suppress(Exception):
+                await binding.close()
+        log.info("client %s stopped after %d messages", self.client_id, self.stats.processed)
+        return self.stats
+
+    async def _cycle_secondaries(self) -> None:
+        """The original's periodic release of secondary bindings so primaries can reclaim them."""
+        while True:
+            await asyncio.sleep(self._cycle)
+            for binding in self._bindings:
+                if binding.active and not self._role.is_primary(binding.queue):
+                    self._release_requested.add(binding.queue)
+
+    async def _work(self, binding: QueueBinding) -> None:
+        while not self._stopping:
+            if binding.queue in self._release_requested:
+                self._release_requested.discard(binding.queue)
+                log.info("client %s releases secondary queue %d", self.client_id, binding.queue)
+                await binding.release(STANDBY_DELAY)
+                continue
+            try:
+                delivery = await asyncio.wait_for(binding.next(), POLL_SECONDS)
+            except TimeoutError:
+                continue
+            if not binding.owns(delivery):
+                self.stats.fenced += 1
+                continue
+            await self._process(binding, delivery)
+
+    async def _process(self, binding: QueueBinding, delivery: Delivery) -> None:
+        try:
+            event = decode_event(delivery.body)
+        except MalformedMessage as exc:
+            if await self._dead_letter(binding, delivery, f"malformed message: {exc}"):
+                await binding.ack(delivery)
+            return
+        context = Context(
+            group=self._group,
+            client=self.client_id,
+            queue=binding.queue,
+            bucket=self._config.bucket_for_key(event.key),
+            redelivered=delivery.redelivered,
+            broker=self._broker,
+        )
+        for attempt in range(1, self._retries + 2):
+            if not binding.owns(delivery):
+                self.stats.fenced += 1
+                return
+            try:
+                await self._handler(event, context)
+                break
+            except Exception as exc:
+                self.stats.handler_errors += 1
+                if attempt > self._retries:
+                    reason = f"handler failed {attempt} times: {exc!r}"
+                    if not await self._dead_letter(binding, delivery, reason):
+                        return
+                    break
+                log.warning(
+                    "queue %d: handler failed on %s seq %d (attempt %d): %r",
+                    binding.queue,
+                    event.key,
+                    event.seq,
+                    attempt,
+                    exc,
+                )
+                await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+        if await binding.ack(delivery):
+            self.stats.processed += 1
+        else:
+            self.stats.fenced += 1
+
+    async def _dead_letter(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
+        """Park a message with its reason on the dead-letter destination; True once confirmed."""
+        if not binding.owns(delivery):
+            return False
+        headers = {
+            "Lbg-Reason": _header_value(reason),
+            "Lbg-Subject": _header_value(delivery.subject),
+            "Lbg-Client": self.client_id,
+            "Lbg-Queue": str(binding.queue),
+            "Lbg-Time": f"{time.time():.3f}",
+        }
+        try:
+            await self._broker.publish(
+                output_destination(self._group, OutputKind.DEAD), delivery.body, headers
+            )
+        except BrokerError as exc:
+            log.error(
+                "queue %d: cannot dead-letter (%s); will retry on redelivery", binding.queue, exc
+            )
+            await asyncio.sleep(self._backoff)
+            return False
+        self.stats.dead_lettered += 1
+        log.warning("queue %d: dead-lettered a message: %s", binding.queue, _header_value(reason))
+        return True

@@ -1,0 +1,83 @@
+"""Message handlers: the default republish-for-validation handler and loading a user's own.
+
+A handler is `handler(event, context)`, sync or async. A sync handler runs in a worker
+thread, so a slow one cannot stall the event loop that keeps this client's queues alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lbg.broker.base import Broker
+from lbg.destinations import OutputKind, output_destination
+from lbg.messages import Event, Processed, encode_processed
+
+
+class HandlerLoadError(Exception):
+    """The configured handler cannot be imported; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a handler knows about the message it is given."""
+
+    group: str
+    client: str
+    queue: int
+    bucket: int
+    redelivered: bool
+    broker: Broker
+
+
+Handler = Callable[[Event, Context], Any]
+AsyncHandler = Callable[[Event, Context], Awaitable[None]]
+
+
+async def republish(event: Event, context: Context) -> None:
+    """Default handler: tell the validator who processed which event (the original LBG client)."""
+    record = Processed(
+        key=event.key,
+        seq=event.seq,
+        client=context.client,
+        queue=context.queue,
+        bucket=context.bucket,
+        redelivered=context.redelivered,
+    )
+    await context.broker.publish(
+        output_destination(context.group, OutputKind.VALIDATION), encode_processed(record)
+    )
+
+
+def as_async(handler: Handler) -> AsyncHandler:
+    """Wrap a sync handler so it runs in a thread; async handlers are returned as they are."""
+    if inspect.iscoroutinefunction(handler):
+        return handler
+
+    @functools.wraps(handler)
+    async def run_in_thread(event: Event, context: Context) -> None:
+        result = await asyncio.to_thread(handler, event, context)
+        if inspect.isawaitable(result):
+            await result
+
+    return run_in_thread
+
+
+def load_handler(spec: str) -> AsyncHandler:
+    """Import `module:function` and return it as an async handler."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise HandlerLoadError(f"handler '{spec}': expected module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise HandlerLoadError(f"handler '{spec}': cannot import {module_name} ({exc})") from None
+    handler = getattr(module, attribute, None)
+    if not callable(handler):
+        raise HandlerLoadError(f"handler '{spec}': {module_name} has no function {attribute}")
+    return as_async(handler)

@@ -1,0 +1,225 @@
+"""The hashed publisher: numbers each key's events and publishes them to `<HP>/<bucket>/<key>`.
+
+Nothing counts as sent until the broker acknowledged it. At most one publish per key is in
+flight, so a retried publish can never overtake a later event of the same key; many keys
+are in flight at once (up to `window`), which keeps throughput high.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from lbg.broker.base import Broker, PublishError
+from lbg.destinations import OutputKind, event_destination, output_destination
+from lbg.group import GroupConfig
+from lbg.messages import Event, MalformedMessage, check_key, encode_event, encode_summaries
+
+log = logging.getLogger(__name__)
+
+RETRIES = 8
+READ_CHUNK_BYTES = 256 * 1024
+
+
+class PublishFailed(Exception):
+    """A publish still failed after every retry: the run stops, the summary says what was acked."""
+
+
+@dataclass
+class PublishStats:
+    """What a publisher run achieved; `acked` counts only broker-confirmed events."""
+
+    acked: int = 0
+    retried: int = 0
+    rejected_input: int = 0
+    started: float = field(default_factory=time.monotonic)
+    elapsed: float = 0.0
+    last_seq: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.acked / self.elapsed if self.elapsed > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "acked": self.acked,
+            "retried": self.retried,
+            "rejected_input": self.rejected_input,
+            "keys": len(self.last_seq),
+            "elapsed_s": round(self.elapsed, 3),
+            "rate_per_s": round(self.rate, 1),
+        }
+
+
+def generated_keys(count: int) -> list[str]:
+    """Keys like the original test's topics: `<uuid>/<uuid>`, fresh for every run."""
+    return [f"{uuid.uuid4()}/{uuid.uuid4()}" for _ in range(count)]
+
+
+async def cycle_keys(keys: list[str]) -> AsyncIterator[tuple[str, Any]]:
+    """Round-robin over the keys forever, as the original publisher did."""
+    while True:
+        for key in keys:
+            yield key, None
+
+
+def parse_line(line: str, where: str) -> tuple[str, Any]:
+    """One JSON-lines input record `{"key": ..., "data": ...}`; MalformedMessage names `where`."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or "key" not in record:
+        raise MalformedMessage(f'{where}: expected an object with a "key" field')
+    try:
+        return check_key(record["key"]), record.get("data")
+    except MalformedMessage as exc:
+        raise MalformedMessage(f"{where}: {exc}") from None
+
+
+async def read_lines(
+    stream: TextIO, name: str, stats: PublishStats
+) -> AsyncIterator[tuple[str, Any]]:
+    """Events from a JSON-lines stream, read in a thread; bad lines are logged and skipped."""
+    number = 0
+    while True:
+        lines: list[str] = await asyncio.to_thread(stream.readlines, READ_CHUNK_BYTES)
+        if not lines:
+            return
+        for line in lines:
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                yield parse_line(line, f"{name}:{number}")
+            except MalformedMessage as exc:
+                stats.rejected_input += 1
+                log.warning("skipped input line: %s", exc)
+
+
+async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, Any]]:
+    """Events from a JSON-lines file."""
+    with Path(path).open(encoding="utf-8", errors="strict") as stream:
+        async for item in read_lines(stream, path, stats):
+            yield item
+
+
+class HashedPublisher:
+    """Publishes keyed events to a group with per-key sequence numbers and broker acks."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        group: str,
+        config: GroupConfig,
+        publisher_id: str,
+        window: int = 1000,
+        rate: float = 0.0,
+    ) -> None:
+        self._broker = broker
+        self._group = group
+        self._config = config
+        self.publisher_id = publisher_id
+        self._window = asyncio.Semaphore(max(1, window))
+        self._rate = rate
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._failure: BaseException | None = None
+        self.stats = PublishStats()
+
+    async def run(
+        self,
+        events: AsyncIterator[tuple[str, Any]],
+        count: int = 0,
+        duration: float = 0.0,
+        stop: asyncio.Event | None = None,
+        progress_interval: float = 5.0,
+    ) -> PublishStats:
+        """Publish until the events end, `count` or `duration` is reached, or `stop` is set."""
+        stats = self.stats
+        stats.started = time.monotonic()
+        deadline = stats.started + duration if duration > 0 else None
+        next_progress = stats.started + progress_interval
+        sequence: dict[str, int] = {}
+        sent = 0
+        async for key, data in events:
+            now = time.monotonic()
+            if (stop is not None and stop.is_set()) or (deadline is not None and now >= deadline):
+                break
+            if count and sent >= count:
+                break
+            if self._failure is not None:
+                break
+            if now >= next_progress:
+                log.info(
+                    "published %d events (%.0f/s)", stats.acked, stats.acked / (now - stats.started)
+                )
+                next_progress = now + progress_interval
+            await self._pace(sent)
+            sequence[key] = sequence.get(key, 0) + 1
+            await self._submit(Event(key, sequence[key], data))
+            sent += 1
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        stats.elapsed = time.monotonic() - stats.started
+        if self._failure is not None:
+            raise PublishFailed(str(self._failure))
+        return stats
+
+    async def _pace(self, sent: int) -> None:
+        if self._rate > 0:
+            delay = self.stats.started + sent / self._rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+    async def _submit(self, event: Event) -> None:
+        previous = self._in_flight.get(event.key)
+        if previous is not None:
+            await asyncio.wait([previous])
+        await self._window.acquire()
+        task = asyncio.create_task(self._publish(event))
+        self._in_flight[event.key] = task
+        task.add_done_callback(lambda _t, key=event.key: self._done(key, _t))
+
+    def _done(self, key: str, task: asyncio.Task[None]) -> None:
+        self._window.release()
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+
+    async def _publish(self, event: Event) -> None:
+        bucket = self._config.bucket_for_key(event.key)
+        destination = event_destination(self._config.hash_prefix, bucket, event.key)
+        body = encode_event(event)
+        delay = 0.1
+        for attempt in range(RETRIES + 1):
+            try:
+                await self._broker.publish(destination, body)
+            except PublishError as exc:
+                if attempt == RETRIES:
+                    self._failure = exc
+                    log.error("giving up on %s seq %d: %s", event.key, event.seq, exc)
+                    return
+                self.stats.retried += 1
+                log.warning("publish of %s seq %d failed (%s); retrying", event.key, event.seq, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                self.stats.acked += 1
+                self.stats.last_seq[event.key] = event.seq
+                return
+
+    async def publish_summary(self) -> int:
+        """Tell the validator the last acked sequence of every key; returns the message count."""
+        destination = output_destination(self._group, OutputKind.SUMMARY)
+        chunks: Iterable[bytes] = encode_summaries(self.publisher_id, self.stats.last_seq)
+        sent = 0
+        for chunk in chunks:
+            await self._broker.publish(destination, chunk)
+            sent += 1
+        return sent

@@ -1,0 +1,186 @@
+"""The validation client: reads every processed record and checks each key's sequence.
+
+It reads the group's output destinations from the start: processed records (from the LBG
+clients), dead letters, and the publishers' summaries (the last sequence per key), which
+turn "delivered" into "lost". It logs sequence errors and shard moves like the original.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lbg.broker.base import Broker, OutputMessage
+from lbg.destinations import OutputKind
+from lbg.messages import MalformedMessage, decode_event, decode_processed, decode_summary
+from lbg.sequence import Outcome, Report, SequenceChecker
+
+log = logging.getLogger(__name__)
+shard_log = logging.getLogger(__name__ + ".shards")
+
+QueueChange = Callable[[int, str | None, str], None]
+
+
+@dataclass
+class SummaryParts:
+    """The chunks of one publisher's summary received so far."""
+
+    parts: int
+    last: dict[str, int] = field(default_factory=dict)
+    received: set[int] = field(default_factory=set)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.received) == self.parts
+
+
+class Validator:
+    """Checks per-key order and completeness of everything the group processed."""
+
+    def __init__(self, on_queue_change: QueueChange | None = None) -> None:
+        self.checker = SequenceChecker()
+        self.summaries: dict[str, SummaryParts] = {}
+        self.dead: dict[str, set[int]] = {}
+        self.dead_unparsed = 0
+        self.malformed_records = 0
+        self.last_message = time.monotonic()
+        self._on_queue_change = on_queue_change
+
+    def handle(self, message: OutputMessage) -> None:
+        """Account for one message from the group's output destinations."""
+        self.last_message = time.monotonic()
+        try:
+            if message.kind is OutputKind.VALIDATION:
+                self._processed(message)
+            elif message.kind is OutputKind.SUMMARY:
+                self._summary(message)
+            elif message.kind is OutputKind.DEAD:
+                self._dead(message)
+        except MalformedMessage as exc:
+            self.malformed_records += 1
+            log.warning("ignored a malformed %s record: %s", message.kind.value, exc)
+
+    def _processed(self, message: OutputMessage) -> None:
+        record = decode_processed(message.body)
+        owner = self.checker.queue_owner(record.queue)
+        observation = self.checker.observe(record.key, record.seq, record.client, record.queue)
+        if owner != record.client:
+            log.info(
+                "queue %d now served by client %s (was %s)", record.queue, record.client, owner
+            )
+            if self._on_queue_change is not None:
+                self._on_queue_change(record.queue, owner, record.client)
+        if observation.outcome is not Outcome.IN_ORDER:
+            log.warning(
+                "Sequence number error (%s). key %s expected %d but received %d :: client %s",
+                observation.outcome.value,
+                record.key,
+                self._expected(record.key, record.seq, observation.outcome),
+                record.seq,
+                record.client,
+            )
+        if observation.reassigned:
+            shard_log.info(
+                "Shard assigned new client. key %s was %s now %s",
+                record.key,
+                observation.previous_client,
+                record.client,
+            )
+
+    @staticmethod
+    def _expected(key: str, seq: int, outcome: Outcome) -> int:
+        return seq - 1 if outcome is Outcome.GAP else seq + 1
+
+    def _summary(self, message: OutputMessage) -> None:
+        summary = decode_summary(message.body)
+        parts = self.summaries.setdefault(summary.publisher, SummaryParts(summary.parts))
+        parts.last.update(summary.last)
+        parts.received.add(summary.part)
+        if parts.complete:
+            log.info(
+                "publisher %s finished: %d keys, %d events",
+                summary.publisher,
+                len(parts.last),
+                sum(parts.last.values()),
+            )
+
+    def _dead(self, message: OutputMessage) -> None:
+        reason = message.headers.get("Lbg-Reason", "no reason given")
+        try:
+            event = decode_event(message.body)
+        except MalformedMessage:
+            self.dead_unparsed += 1
+            log.warning("dead letter (unparseable): %s", reason)
+            return
+        self.dead.setdefault(event.key, set()).add(event.seq)
+        log.warning("dead letter: key %s seq %d: %s", event.key, event.seq, reason)
+
+    def published(self) -> dict[str, int] | None:
+        """Last sequence per key over all publishers whose summary is complete (None: none yet)."""
+        complete = [p for p in self.summaries.values() if p.complete]
+        if not complete:
+            return None
+        merged: dict[str, int] = {}
+        for parts in complete:
+            for key, last in parts.last.items():
+                merged[key] = max(merged.get(key, 0), last)
+        return merged
+
+    def report(self) -> Report:
+        """The current report; `lost` is known once at least one publisher's summary is in."""
+        return self.checker.report(self.published(), self.dead)
+
+    @property
+    def complete(self) -> bool:
+        """Every summary is in and every published event was delivered or dead-lettered."""
+        if not self.summaries or not all(p.complete for p in self.summaries.values()):
+            return False
+        return self.report().lost == 0
+
+    def progress_line(self) -> str:
+        report = self.report()
+        lost = "?" if report.lost is None else str(report.lost)
+        return (
+            f"delivered {report.delivered} unique {report.unique} missing {lost} "
+            f"reordered {report.reordered} duplicates {report.duplicates} "
+            f"reassignments {report.reassignments}"
+        )
+
+
+async def run_validator(
+    broker: Broker,
+    group: str,
+    validator: Validator,
+    stop: asyncio.Event,
+    progress_interval: float = 5.0,
+    idle_exit: float = 0.0,
+) -> Report:
+    """Consume the group's outputs until `stop` is set, or until complete and idle `idle_exit` s."""
+
+    async def consume() -> None:
+        async for message in broker.read_output(group):
+            validator.handle(message)
+
+    consumer = asyncio.create_task(consume())
+    next_progress = time.monotonic() + progress_interval
+    try:
+        while not stop.is_set() and not consumer.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+            now = time.monotonic()
+            if progress_interval > 0 and now >= next_progress:
+                log.info("%s", validator.progress_line())
+                next_progress = now + progress_interval
+            idle = now - validator.last_message
+            if idle_exit > 0 and idle >= idle_exit and validator.complete:
+                log.info("all published events accounted for; idle %.1fs: exiting", idle)
+                break
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    return validator.report()
