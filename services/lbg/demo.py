@@ -1,0 +1,146 @@
+"""The main job: the original blog's scenario, end to end, on real daemon processes.
+
+2 clients -> kill -9 one -> restart it -> add a 3rd and a 4th -> scale down to 1 -> stop
+publishing -> drain -> report. The validator runs in this process so the timeline of which
+client serves which queue can be printed as it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lbg.broker import connect_broker
+from lbg.group import GroupConfig
+from lbg.local import LocalDeployment
+from lbg.sequence import Report
+from lbg.settings import BrokerSettings
+from lbg.validator import Validator, run_validator
+
+DEMO_GROUP = "demo"
+CLIENT_COUNT = 4
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Knobs of one demo run; `duration` is the publishing time, split over the phases."""
+
+    broker_url: str
+    duration: float = 60.0
+    rate: float = 500.0
+    keys: int = 100
+    hash_count: int = 64
+    queue_count: int = 4
+    cycle_seconds: float = 5.0
+    drain_timeout: float = 60.0
+
+
+class Timeline:
+    """Prints what happens, stamped with seconds since the start."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self._echo = echo
+        self._start = time.monotonic()
+
+    def say(self, text: str) -> None:
+        self._echo(f"[{time.monotonic() - self._start:6.1f}s] {text}")
+
+    def queue_changed(self, queue: int, old: str | None, new: str) -> None:
+        self.say(f"    queue {queue}: {old or '-'} -> {new}")
+
+
+def client_name(index: int) -> str:
+    return f"client-{index}"
+
+
+async def _phase(timeline: Timeline, validator: Validator, seconds: float) -> None:
+    """Let the system run for a phase, printing progress every few seconds."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, 5.0))
+        timeline.say(f"    {validator.progress_line()}")
+
+
+async def _drain(validator: Validator, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if validator.complete:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], None]) -> Report:
+    """Play the scenario against `options.broker_url` and return the validator's report."""
+    timeline = Timeline(echo)
+    config = GroupConfig(
+        hash_prefix=DEMO_GROUP,
+        hash_count=options.hash_count,
+        queue_count=options.queue_count,
+    )
+    broker = await connect_broker(BrokerSettings(url=options.broker_url), "lbg-demo")
+    local = LocalDeployment(options.broker_url, DEMO_GROUP, workdir)
+    validator = Validator(on_queue_change=timeline.queue_changed)
+    stop_validator = asyncio.Event()
+    validation: asyncio.Task[Report] | None = None
+    try:
+        if DEMO_GROUP in await broker.list_groups():
+            await broker.delete_group(DEMO_GROUP)
+        await broker.create_group(DEMO_GROUP, config)
+        timeline.say(f"group '{DEMO_GROUP}' created: {config.to_json()}")
+        validation = asyncio.create_task(
+            run_validator(broker, DEMO_GROUP, validator, stop_validator, progress_interval=0)
+        )
+        phase = options.duration / 5
+
+        def start_client(index: int) -> None:
+            local.start_client(client_name(index), index, CLIENT_COUNT, options.cycle_seconds)
+
+        timeline.say(f"start 2 clients (static mode, client count {CLIENT_COUNT})")
+        start_client(0)
+        start_client(1)
+        await asyncio.sleep(1.0)
+        timeline.say(f"start publishing: {options.keys} keys at {options.rate:.0f} events/s")
+        publisher = local.start_publisher(
+            "publisher", "--keys", str(options.keys), "--rate", str(options.rate)
+        )
+        await _phase(timeline, validator, phase)
+
+        timeline.say("kill -9 client-1 (crash with messages in flight)")
+        local.daemons[client_name(1)].send(signal.SIGKILL)
+        await _phase(timeline, validator, phase)
+
+        timeline.say("restart client-1")
+        start_client(1)
+        await _phase(timeline, validator, phase)
+
+        timeline.say("add client-2 and client-3")
+        start_client(2)
+        start_client(3)
+        await _phase(timeline, validator, phase)
+
+        timeline.say("scale down to 1 client (SIGTERM client-1, client-2, client-3)")
+        for index in (1, 2, 3):
+            local.daemons[client_name(index)].send(signal.SIGTERM)
+        await _phase(timeline, validator, phase)
+
+        timeline.say("stop publishing")
+        publisher.send(signal.SIGTERM)
+        if await asyncio.to_thread(publisher.wait, 30.0) != 0:
+            timeline.say(f"publisher failed:\n{publisher.log_tail()}")
+        timeline.say("drain: waiting until every published event is accounted for")
+        drained = await _drain(validator, options.drain_timeout)
+        timeline.say("drained" if drained else "drain timed out")
+    finally:
+        stop_validator.set()
+        if validation is not None:
+            with contextlib.suppress(Exception):
+                await validation
+        await asyncio.to_thread(local.stop_all)
+        await broker.close()
+    return validator.report()

@@ -1,0 +1,87 @@
+"""Fixtures for end-to-end tests: a fresh group per test and its daemons as real processes."""
+
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from lbg.local import LocalDeployment, script
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one of the project's commands to completion and capture its output."""
+    result = subprocess.run(
+        [script(args[0]), *args[1:]], capture_output=True, text=True, timeout=60
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} failed ({result.returncode}): {result.stderr}")
+    return result
+
+
+@pytest.fixture
+def group_name() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def make_group(nats_url: str, group_name: str) -> Iterator[Callable[..., str]]:
+    """Create the test's group with cg-admin (HC 32, QC 4 unless overridden); delete it after."""
+    created: list[str] = []
+
+    def create(*flags: str) -> str:
+        cli(
+            "cg-admin",
+            "--broker-url",
+            nats_url,
+            "create",
+            "--group",
+            group_name,
+            "--hash-prefix",
+            group_name,
+            "--hash-count",
+            "32",
+            "--queue-count",
+            "4",
+            *flags,
+        )
+        created.append(group_name)
+        return group_name
+
+    yield create
+    for name in created:
+        cli("cg-admin", "--broker-url", nats_url, "delete", name, check=False)
+
+
+@pytest.fixture
+def deployment(nats_url: str, group_name: str, tmp_path: Path) -> Iterator[LocalDeployment]:
+    """The test's daemons; whatever is still running is stopped at the end."""
+    local = LocalDeployment(nats_url, group_name, tmp_path / "daemons")
+    yield local
+    local.stop_all()
+
+
+def run_validator(deployment: LocalDeployment, timeout: float = 60.0) -> dict:
+    """Run the validation client until every published event is accounted for; its report."""
+    report = deployment.workdir / "report.json"
+    validator = deployment.start(
+        "validator",
+        "validation-client",
+        "--idle-exit",
+        "2",
+        "--progress-interval",
+        "0",
+        "--report-json",
+        str(report),
+    )
+    code = validator.wait(timeout)
+    assert code == 0, validator.log_tail()
+    return orjson.loads(report.read_bytes())
+
+
+@pytest.fixture
+def validate(deployment: LocalDeployment) -> Callable[[], dict]:
+    """Call to run the validation client to completion and get its JSON report."""
+    return lambda: run_validator(deployment)
