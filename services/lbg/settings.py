@@ -26,7 +26,6 @@ PASSWORD_ENV = "LBG_BROKER_PASSWORD"
 URL_SCHEMES = ("nats", "tls", "amqp", "amqps", "tcp", "tcps", "http", "https")
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
-_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _HANDLER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 _TOML_POSITION = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.S)
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le)}
@@ -129,11 +128,12 @@ class GroupSettings:
     client_username: str = "lbg-client"
     hash_function: str = "java"
     exclusive: bool = True
+    priority_timeout: float = _bounded(2.0, gt=0)
 
     def validate(self) -> None:
         """Names must be usable in subjects; every queue needs at least one bucket."""
         _check_name("name", self.name, _NAME, "letters, digits, '-' or '_'")
-        _check_name("hash_prefix", self.hash_prefix, _PREFIX, "dot-separated subject tokens")
+        _check_name("hash_prefix", self.hash_prefix, _NAME, "letters, digits, '-' or '_'")
         if not self.client_username:
             raise ValueError("client_username: must not be empty")
         if not self.hash_function:
@@ -171,7 +171,7 @@ class PublisherSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ClientSettings:
-    """One lbg-client: static slot (index of count) or dynamic membership, and its handler."""
+    """One lbg-client: its static slot (index of count), release cycle and handler."""
 
     id: str = ""
     index: int | None = _bounded(None, ge=0)
@@ -180,9 +180,6 @@ class ClientSettings:
     handler: str = "lbg.handlers:republish"
     retries: int = _bounded(3, ge=0)
     retry_backoff: float = _bounded(0.2, ge=0)
-    priority_timeout: float = _bounded(2.0, gt=0)
-    max_ack_pending: int = _bounded(1000, ge=1)
-    metrics_port: int = _bounded(0, ge=0, le=65535)
 
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func."""
@@ -202,7 +199,6 @@ class ValidatorSettings:
     strict: bool = False
     progress_interval: float = _bounded(5.0, ge=0)
     idle_exit: float = _bounded(0.0, ge=0)
-    metrics_port: int = _bounded(0, ge=0, le=65535)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,9 +73,7 @@ def main(ctx: click.Context, config_path: str | None, broker_url: str | None, qu
 @click.option(
     "--priority-timeout",
     type=float,
-    default=2.0,
-    show_default=True,
-    help="Seconds before the broker moves a silent owner's queue (NATS).",
+    help="NATS: seconds before the broker moves a silent owner's queue (failover time).",
 )
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the same group already exists.")
 @click.pass_context
@@ -84,13 +82,15 @@ def create(
     name: str | None,
     competing: bool | None,
     from_json: str | None,
-    priority_timeout: float,
+    priority_timeout: float | None,
     if_not_exists: bool,
     **fields: object,
 ) -> None:
     """Create a group; refuses, naming the clash, if any of its objects exists."""
     exclusive = None if competing is None else not competing
-    settings = _settings(ctx, name=name, exclusive=exclusive, **fields)
+    settings = _settings(
+        ctx, name=name, exclusive=exclusive, priority_timeout=priority_timeout, **fields
+    )
     group_name = validate_group_name(settings.group.name)
     g = settings.group
     if from_json is not None:
@@ -121,7 +121,7 @@ def create(
             click.echo(f"  queue {queue}: {len(buckets)} buckets {_short(buckets)}")
         return 0
 
-    run(lambda _stop: _with_broker(settings, action, priority_timeout))
+    run(lambda _stop: _with_broker(settings, action, g.priority_timeout))
 
 
 def _short(buckets: list[int], limit: int = 8) -> str:

@@ -225,7 +225,8 @@ class NatsQueueBinding(QueueBinding):
 
     async def _take_over(self, pin: str) -> None:
         """Become the owner: rewind to the ack floor so the old owner's unacked work comes first."""
-        await jsapi.reset(self._nc, self._stream, self._consumer)
+        answer = await jsapi.reset(self._nc, self._stream, self._consumer)
+        log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
         self._lose("taking over")
         self._pin = pin
         self._set_active(True, "pinned by the broker")
@@ -265,6 +266,7 @@ class NatsQueueBinding(QueueBinding):
     def _on_status(self, pull: _Pull, status: str, description: str) -> None:
         if status == "100":
             return
+        log.debug("queue %d: pull status %s %s", self.queue, status, description)
         pull.done.set()
         if status == "423":
             self._lose(f"fenced by the broker: {description or 'pin id mismatch'}")

@@ -1,0 +1,39 @@
+"""The main job, run as a newcomer would: `lbg demo` on its own embedded broker."""
+
+import subprocess
+
+import orjson
+
+from lbg.local import script
+
+
+def test_short_demo_ends_with_nothing_lost_or_reordered(tmp_path) -> None:
+    result = subprocess.run(
+        [
+            script("lbg"),
+            "demo",
+            "--duration",
+            "15",
+            "--cycle-seconds",
+            "2",
+            "--rate",
+            "300",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    report = orjson.loads(lines[-1])
+    assert report["published"] > 3000
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert report["unique"] == report["published"]
+    timeline = result.stdout
+    assert "kill -9 client-1" in timeline
+    for client in ("client-2", "client-3"):
+        assert f"-> {client}" in timeline, f"{client} never served a queue:\n{timeline}"
