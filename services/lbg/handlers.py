@@ -75,8 +75,10 @@ def load_handler(spec: str) -> AsyncHandler:
         raise HandlerLoadError(f"handler '{spec}': expected module:function")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise HandlerLoadError(f"handler '{spec}': cannot import {module_name} ({exc})") from None
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"handler '{spec}': cannot import {module_name} ({type(exc).__name__}: {exc})"
+        ) from None
     handler = getattr(module, attribute, None)
     if not callable(handler):
         raise HandlerLoadError(f"handler '{spec}': {module_name} has no function {attribute}")

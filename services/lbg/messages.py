@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 MAX_MESSAGE_BYTES = 1024 * 1024
-MAX_KEY_CHARS = 1024
-SUMMARY_CHUNK_KEYS = 2000
+MAX_KEY_BYTES = 200
+SUMMARY_CHUNK_BYTES = 256 * 1024
 
 
 class MalformedMessage(ValueError):
@@ -57,8 +57,12 @@ def check_key(key: object) -> str:
         raise MalformedMessage(f"key must be a string, got {type(key).__name__}")
     if not key:
         raise MalformedMessage("key must not be empty")
-    if len(key) > MAX_KEY_CHARS:
-        raise MalformedMessage(f"key longer than {MAX_KEY_CHARS} characters")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise MalformedMessage("key is not valid Unicode text") from None
+    if size > MAX_KEY_BYTES:
+        raise MalformedMessage(f"key of {size} bytes exceeds {MAX_KEY_BYTES} (UTF-8)")
     return key
 
 
@@ -126,11 +130,23 @@ def decode_processed(body: bytes) -> Processed:
         raise MalformedMessage(f"bad processed record: {exc!r}") from None
 
 
+def _chunk_keys(keys: list[str]) -> list[list[str]]:
+    """Group keys so that each summary message stays under SUMMARY_CHUNK_BYTES."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for key in keys:
+        entry = len(key.encode("utf-8")) * 2 + 24
+        if chunks[-1] and size + entry > SUMMARY_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(key)
+        size += entry
+    return chunks
+
+
 def encode_summaries(publisher: str, last: Mapping[str, int]) -> Iterator[bytes]:
     """Split a publisher's per-key last sequences into messages of bounded size."""
-    keys = sorted(last)
-    chunks = [keys[i : i + SUMMARY_CHUNK_KEYS] for i in range(0, len(keys), SUMMARY_CHUNK_KEYS)]
-    chunks = chunks or [[]]
+    chunks = _chunk_keys(sorted(last))
     for part, chunk in enumerate(chunks):
         yield orjson.dumps(
             {"p": publisher, "l": {k: last[k] for k in chunk}, "i": part, "n": len(chunks)}

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -71,7 +71,7 @@ async def cycle_keys(keys: list[str]) -> AsyncIterator[tuple[str, Any]]:
             yield key, None
 
 
-def parse_line(line: str, where: str) -> tuple[str, Any]:
+def parse_line(line: bytes | str, where: str) -> tuple[str, Any]:
     """One JSON-lines input record `{"key": ..., "data": ...}`; MalformedMessage names `where`."""
     try:
         record = orjson.loads(line)
@@ -86,12 +86,12 @@ def parse_line(line: str, where: str) -> tuple[str, Any]:
 
 
 async def read_lines(
-    stream: TextIO, name: str, stats: PublishStats
+    stream: BinaryIO, name: str, stats: PublishStats
 ) -> AsyncIterator[tuple[str, Any]]:
-    """Events from a JSON-lines stream, read in a thread; bad lines are logged and skipped."""
+    """Events from a JSON-lines byte stream, read in a thread; bad lines are logged and skipped."""
     number = 0
     while True:
-        lines: list[str] = await asyncio.to_thread(stream.readlines, READ_CHUNK_BYTES)
+        lines: list[bytes] = await asyncio.to_thread(stream.readlines, READ_CHUNK_BYTES)
         if not lines:
             return
         for line in lines:
@@ -107,7 +107,7 @@ async def read_lines(
 
 async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, Any]]:
     """Events from a JSON-lines file."""
-    with Path(path).open(encoding="utf-8", errors="strict") as stream:
+    with Path(path).open("rb") as stream:
         async for item in read_lines(stream, path, stats):
             yield item
 

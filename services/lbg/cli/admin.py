@@ -15,6 +15,7 @@ from lbg.cli.common import (
     default_id,
     fail,
     load,
+    one_line_errors,
     quiet_option,
     run,
     setup_logging,
@@ -91,20 +92,21 @@ def create(
     settings = _settings(
         ctx, name=name, exclusive=exclusive, priority_timeout=priority_timeout, **fields
     )
-    group_name = validate_group_name(settings.group.name)
     g = settings.group
-    if from_json is not None:
-        config = GroupConfig.from_json(from_json)
-    else:
-        config = GroupConfig(
-            hash_prefix=g.hash_prefix,
-            hash_count=g.hash_count,
-            queue_count=g.queue_count,
-            queue_size_mb=g.queue_size_mb,
-            client_username=g.client_username,
-            hash_function=g.hash_function,
-            exclusive=g.exclusive,
-        )
+    with one_line_errors():
+        group_name = validate_group_name(g.name)
+        if from_json is not None:
+            config = GroupConfig.from_json(from_json)
+        else:
+            config = GroupConfig(
+                hash_prefix=g.hash_prefix,
+                hash_count=g.hash_count,
+                queue_count=g.queue_count,
+                queue_size_mb=g.queue_size_mb,
+                client_username=g.client_username,
+                hash_function=g.hash_function,
+                exclusive=g.exclusive,
+            )
 
     async def action(broker: Broker) -> int:
         try:
@@ -179,9 +181,11 @@ def show(ctx: click.Context, group: str | None) -> None:
 def delete(ctx: click.Context, group: str) -> None:
     """Delete one group's queues, streams and config (and nothing else)."""
     settings = _settings(ctx, name=group)
+    with one_line_errors():
+        validate_group_name(group)
 
     async def action(broker: Broker) -> int:
-        await broker.delete_group(validate_group_name(group))
+        await broker.delete_group(group)
         click.echo(f"deleted group '{group}'")
         return 0
 

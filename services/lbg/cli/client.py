@@ -15,6 +15,7 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    one_line_errors,
     quiet_option,
     run,
     setup_logging,
@@ -80,7 +81,8 @@ def main(
             EXIT_USAGE,
         )
     name = c.id or default_id("client")
-    user_handler = load_handler(c.handler)
+    with one_line_errors():
+        user_handler = load_handler(c.handler)
 
     async def serve(stop: asyncio.Event) -> int:
         broker = await connect_broker(settings.broker, name)

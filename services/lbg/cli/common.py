@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -83,6 +84,20 @@ def default_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname().split('.')[0]}-{os.getpid()}"
 
 
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turn any error escaping a command into one line on stderr (traceback only with -vv)."""
+    try:
+        yield
+    except EXPECTED_ERRORS as exc:
+        fail(str(exc) or type(exc).__name__)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        logging.getLogger("lbg").debug("unexpected error", exc_info=True)
+        fail(f"unexpected {type(exc).__name__}: {exc} (run with -vv for details)")
+
+
 def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> NoReturn:
     """Run an async main on uvloop; SIGTERM/SIGINT set its stop event; exit with its code."""
 
@@ -93,13 +108,6 @@ def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> NoReturn:
             loop.add_signal_handler(signum, stop.set)
         return await main(stop)
 
-    try:
+    with one_line_errors():
         code = uvloop.run(wrapper())
-    except EXPECTED_ERRORS as exc:
-        fail(str(exc) or type(exc).__name__)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:
-        logging.getLogger("lbg").debug("unexpected error", exc_info=True)
-        fail(f"unexpected {type(exc).__name__}: {exc} (run with -vv for details)")
     sys.exit(code)

@@ -94,7 +94,7 @@ def main(
                 broker, settings.group.name, config, name, window=p.window, rate=p.rate
             )
             if p.input == "-":
-                events = read_lines(sys.stdin, "<stdin>", publisher.stats)
+                events = read_lines(sys.stdin.buffer, "<stdin>", publisher.stats)
             elif p.input:
                 events = read_file(p.input, publisher.stats)
             else:

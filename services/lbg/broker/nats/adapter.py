@@ -89,9 +89,15 @@ class _ConnectionLog:
 
     def __init__(self) -> None:
         self.closing = False
+        self.connected = False
+        self.last_error = ""
 
     async def error(self, exc: Exception) -> None:
-        log.warning("broker connection error: %s", exc)
+        self.last_error = str(exc) or type(exc).__name__
+        if self.connected:
+            log.warning("broker connection error: %s", self.last_error)
+        else:
+            log.debug("broker not reachable yet: %s", self.last_error)
 
     async def disconnected(self) -> None:
         if not self.closing:
@@ -102,34 +108,35 @@ class _ConnectionLog:
 
 
 async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionLog) -> Client:
-    """Connect, retrying for `connect_timeout` seconds so that start-up order does not matter."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.connect_timeout
-    delay = 0.2
-    while True:
-        try:
-            return await nats.connect(
+    """Connect, retrying for `connect_timeout` seconds so that start-up order does not matter.
+
+    Once connected, the client reconnects by itself for as long as it runs.
+    """
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(
                 servers=[settings.url],
                 name=name,
                 user=settings.user,
                 password=settings.secret() if settings.user else None,
                 token=settings.token,
-                connect_timeout=min(2.0, max(settings.connect_timeout, 0.1)),
+                connect_timeout=min(2.0, settings.connect_timeout),
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=events.error,
                 disconnected_cb=events.disconnected,
                 reconnected_cb=events.reconnected,
-            )
-        except Exception as exc:
-            if loop.time() + delay > deadline:
-                raise BrokerError(
-                    f"cannot connect to {settings.url}: {exc or type(exc).__name__}"
-                ) from None
-            log.warning("broker %s not reachable (%s); retrying in %.1fs", settings.url, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            ),
+            timeout=settings.connect_timeout,
+        )
+    except TimeoutError:
+        reason = f" ({events.last_error})" if events.last_error else ""
+        raise BrokerError(
+            f"cannot connect to {settings.url} within {settings.connect_timeout:g}s{reason}"
+        ) from None
+    events.connected = True
+    return nc
 
 
 class NatsBroker(Broker):

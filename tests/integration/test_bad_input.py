@@ -1,0 +1,407 @@
+"""Bad input never stops the system: config errors are one line, bad messages are dead-lettered.
+
+Config files, broker URLs, malformed events on the broker, a handler that always fails for one
+key, and bad JSON-lines input to the publisher.
+"""
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import nats
+import orjson
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from lbg.embedded import free_port
+from lbg.group import GroupConfig
+from lbg.local import LocalDeployment, script
+from lbg.messages import Event, decode_event
+
+DAEMONS = ["cg-admin", "hashed-publisher", "lbg-client", "validation-client"]
+
+
+def run(program: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [script(program), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def run_with_config(program: str, config: Path) -> subprocess.CompletedProcess[str]:
+    """Start a daemon with --config; cg-admin needs a subcommand, so it lists groups."""
+    extra = ["list"] if program == "cg-admin" else []
+    return run(program, "--config", str(config), *extra)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# --- (a) bad config files and unusable settings ------------------------------------------------
+
+# A key of each daemon's own section, and a value of the wrong type for it.
+OWN_KEY = {
+    "cg-admin": ("group", "hash_count", '"many"'),
+    "hashed-publisher": ("publisher", "rate", '"fast"'),
+    "lbg-client": ("client", "retries", "[1]"),
+    "validation-client": ("validator", "idle_exit", "true"),
+}
+
+
+@pytest.mark.parametrize("program", DAEMONS)
+def test_toml_syntax_error_is_one_line_naming_file_and_line(program: str, tmp_path: Path) -> None:
+    config = tmp_path / f"{program}.toml"
+    config.write_text('[broker]\nurl = "nats://127.0.0.1:1\n')
+
+    result = run_with_config(program, config)
+
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert str(config) in line and "line 2" in line and "invalid TOML" in line
+
+
+@pytest.mark.parametrize("program", DAEMONS)
+def test_unknown_key_is_one_line_naming_file_and_key(program: str, tmp_path: Path) -> None:
+    section, _key, _value = OWN_KEY[program]
+    config = tmp_path / f"{program}.toml"
+    config.write_text(f'[{section}]\ncolour = "blue"\n')
+
+    result = run_with_config(program, config)
+
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert str(config) in line and f"[{section}] colour" in line and "unknown key" in line
+
+
+@pytest.mark.parametrize("program", DAEMONS)
+def test_wrong_type_is_one_line_naming_file_and_key(program: str, tmp_path: Path) -> None:
+    section, key, value = OWN_KEY[program]
+    config = tmp_path / f"{program}.toml"
+    config.write_text(f"[{section}]\n{key} = {value}\n")
+
+    result = run_with_config(program, config)
+
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert str(config) in line and f"[{section}] {key}" in line and "expected" in line
+
+
+@pytest.mark.parametrize("program", DAEMONS)
+def test_missing_config_file_is_one_line(program: str, tmp_path: Path) -> None:
+    config = tmp_path / "nowhere" / "missing.toml"
+
+    result = run_with_config(program, config)
+
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert str(config) in line and "no such file" in line
+
+
+def test_client_index_outside_client_count_is_one_line() -> None:
+    result = run(
+        "lbg-client",
+        "--broker-url",
+        "nats://127.0.0.1:1",
+        "--client-index",
+        "3",
+        "--client-count",
+        "2",
+    )
+
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert "index" in line and "3" in line and "2" in line
+
+
+@pytest.mark.parametrize("spec", ["no_such_module_xyz:handle", "lbg.handlers:no_such_function"])
+def test_unloadable_handler_is_one_line(spec: str) -> None:
+    result = run(
+        "lbg-client",
+        "--broker-url",
+        "nats://127.0.0.1:1",
+        "--client-index",
+        "0",
+        "--client-count",
+        "1",
+        "--handler",
+        spec,
+    )
+
+    assert result.returncode != 0
+    assert spec in one_error_line(result)
+
+
+def test_unreachable_broker_fails_within_the_connect_timeout(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    config = tmp_path / "cg-admin.toml"
+    config.write_text(f'[broker]\nurl = "{url}"\nconnect_timeout = 1\n')
+    started = time.monotonic()
+
+    try:
+        result = run("cg-admin", "--config", str(config), "-q", "list", timeout=4)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"cg-admin list against {url} still ran after 4 s (connect_timeout = 1)")
+
+    assert time.monotonic() - started < 4
+    assert result.returncode != 0
+    assert url in one_error_line(result)
+
+
+# --- helpers for the broker-side tests ---------------------------------------------------------
+
+
+def group_config(nats_url: str, group: str) -> GroupConfig:
+    listing = run("cg-admin", "--broker-url", nats_url, "list", "--json")
+    assert listing.returncode == 0, listing.stderr
+    return GroupConfig.from_json(orjson.dumps(orjson.loads(listing.stdout)[group]))
+
+
+async def _publish_raw(nats_url: str, messages: list[tuple[str, bytes]]) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        for subject, body in messages:
+            await js.publish(subject, body)
+    finally:
+        await nc.drain()
+
+
+async def _read_dead_letters(
+    nats_url: str, group: str, want: int, timeout: float
+) -> list[tuple[bytes, dict[str, str]]]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            f"_lbg.{group}.dead",
+            stream=f"LBG_{group}_OUT",
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE),
+        )
+        found: list[tuple[bytes, dict[str, str]]] = []
+        deadline = time.monotonic() + timeout
+        while len(found) < want and time.monotonic() < deadline:
+            try:
+                batch = await sub.fetch(100, timeout=0.5)
+            except NatsTimeoutError:
+                continue
+            found.extend((msg.data, dict(msg.headers or {})) for msg in batch)
+        return found
+    finally:
+        await nc.drain()
+
+
+def dead_letters(nats_url: str, group: str, want: int) -> list[tuple[bytes, dict[str, str]]]:
+    """The group's dead letters (body, headers), waiting up to 10 s for `want` of them."""
+    return asyncio.run(_read_dead_letters(nats_url, group, want, 10.0))
+
+
+def queue_rows(nats_url: str, group: str) -> list[list[str]]:
+    """`cg-admin show`'s rows: queue, backlog, in-flight, active client, buckets."""
+    show = run("cg-admin", "--broker-url", nats_url, "show", group)
+    assert show.returncode == 0, show.stderr
+    return [row.split("\t") for row in show.stdout.splitlines()[2:]]
+
+
+def assert_nothing_left_unacked(nats_url: str, group: str, within: float = 5.0) -> None:
+    """Every event, good or bad, was acked: no queue has backlog or messages in flight."""
+    deadline = time.monotonic() + within
+    while True:
+        rows = queue_rows(nats_url, group)
+        if all(row[1] == "0" and row[2] == "0" for row in rows):
+            return
+        assert time.monotonic() < deadline, f"messages left unacked: {rows}"
+        time.sleep(0.2)
+
+
+def assert_clean_log(deployment: LocalDeployment, name: str) -> None:
+    daemon = deployment.daemons[name]
+    assert daemon.running, f"{name} stopped:\n{daemon.log_tail()}"
+    assert "Traceback" not in daemon.log_path.read_text(), daemon.log_tail(60)
+
+
+# --- (b) malformed events are dead-lettered and nothing else stops -----------------------------
+
+MALFORMED = {
+    b"not json": "not valid JSON",
+    b"[1,2]": "expected a JSON object",
+    b'{"k":"x"}': "missing field 's'",
+    b'{"k":"x","s":0}': "seq must be >= 1",
+    b"\xff\xfe\xc3(": "not valid JSON",
+}
+
+
+def test_malformed_events_are_dead_lettered_with_a_reason(
+    make_group, deployment: LocalDeployment, validate, nats_url: str, group_name: str
+) -> None:
+    make_group()
+    config = group_config(nats_url, group_name)
+    deployment.start_client("client-a", 0, 1, 600)
+    raw = []
+    for i, body in enumerate(MALFORMED):
+        key = f"bad-{i}"
+        raw.append((f"{config.hash_prefix}.{config.bucket_for_key(key)}.{key}", body))
+    asyncio.run(_publish_raw(nats_url, raw))
+    publisher = deployment.start_publisher("pub", "--keys", "10", "--count", "200")
+    assert publisher.wait(30) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["published"] == 200
+    assert report["unique"] == 200, "the client stopped processing after a malformed message"
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert report["duplicates"] == 0
+    assert report["per_client"] == {"client-a": 200}
+    letters = dead_letters(nats_url, group_name, len(MALFORMED))
+    by_body = {body: headers for body, headers in letters}
+    assert len(letters) == len(MALFORMED), [body for body, _ in letters]
+    for body, reason in MALFORMED.items():
+        assert body in by_body, f"{body!r} was not dead-lettered"
+        headers = by_body[body]
+        assert reason in headers.get("Lbg-Reason", ""), headers
+        assert headers.get("Lbg-Client") == "client-a"
+        assert headers.get("Lbg-Subject", "").startswith(f"{config.hash_prefix}.")
+    assert_clean_log(deployment, "client-a")
+    assert_nothing_left_unacked(nats_url, group_name)
+    validator_log = deployment.daemons["validator"].log_path.read_text()
+    assert validator_log.count("dead letter (unparseable)") == len(MALFORMED)
+
+
+# --- (c) a handler that always fails for one key -----------------------------------------------
+
+FLAKY_HANDLER = '''\
+"""Test handler: fails on the key "poison", otherwise does what the default handler does."""
+
+from lbg.handlers import republish
+
+
+def handle(event, context):
+    if event.key == "poison":
+        raise RuntimeError("poison pill " + str(event.seq))
+    return republish(event, context)
+'''
+
+
+def test_events_the_handler_always_fails_on_are_dead_lettered_after_retries(
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    nats_url: str,
+    group_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "flaky_handler.py").write_text(FLAKY_HANDLER)
+    inherited = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), inherited])))
+    make_group()
+    client = deployment.start_client(
+        "client-a", 0, 1, 600, "--handler", "flaky_handler:handle", "--retries", "1"
+    )
+    keys = [f"key-{i}" for i in range(5)]
+    lines = []
+    for round_ in range(10):
+        batch = [*keys, "poison"] if round_ < 3 else keys
+        lines.extend(orjson.dumps({"key": key, "data": round_}).decode() for key in batch)
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(lines) + "\n")
+    publisher = deployment.start_publisher("pub", "--input", str(events))
+    assert publisher.wait(30) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["published"] == 53
+    assert report["dead_lettered"] == 3
+    assert report["lost"] == 0, "dead-lettered events must not count as lost"
+    assert report["reordered"] == 0
+    assert report["unique"] == 50
+    assert report["per_client"] == {"client-a": 50}
+    letters = dead_letters(nats_url, group_name, 3)
+    assert sorted((decode_event(body) for body, _ in letters), key=lambda e: e.seq) == [
+        Event("poison", seq, round_) for seq, round_ in ((1, 0), (2, 1), (3, 2))
+    ]
+    for body, headers in letters:
+        reason = headers.get("Lbg-Reason", "")
+        assert "handler failed 2 times" in reason, reason
+        assert f"poison pill {decode_event(body).seq}" in reason, reason
+    assert_clean_log(deployment, "client-a")
+    assert_nothing_left_unacked(nats_url, group_name)
+    assert client.log_path.read_text().count("handler failed on poison") == 3
+
+
+# --- (d) bad lines in the publisher's input ----------------------------------------------------
+
+
+def test_bad_input_lines_are_logged_and_skipped_and_the_rest_published(
+    make_group, nats_url: str, group_name: str, tmp_path: Path
+) -> None:
+    make_group()
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        "\n".join(
+            [
+                '{"key": "a", "data": 1}',
+                "not json",
+                '{"key": "b"}',
+                '{"data": "no key"}',
+                '{"key": "a", "data": 2}',
+                '{"key": 5}',
+                "",
+                '{"key": "c"}',
+                '["key", "d"]',
+            ]
+        )
+        + "\n"
+    )
+
+    result = run(
+        "hashed-publisher",
+        "--broker-url",
+        nats_url,
+        "--group",
+        group_name,
+        "--input",
+        str(events),
+        "--json",
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    stats = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert stats["acked"] == 4
+    assert stats["rejected_input"] == 4
+    assert stats["keys"] == 3
+    warnings = [line for line in result.stderr.splitlines() if "skipped input line" in line]
+    assert [w.split(f"{events}:")[1].split(":")[0] for w in warnings] == ["2", "4", "6", "9"]
+    rows = queue_rows(nats_url, group_name)
+    assert sum(int(row[1]) for row in rows) == 4, rows
+
+
+def test_a_line_that_is_not_utf8_is_skipped_like_any_bad_line(
+    make_group, nats_url: str, group_name: str, tmp_path: Path
+) -> None:
+    make_group()
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b'{"key": "a"}\n{"key": "\xff"}\n{"key": "b"}\n')
+
+    result = run(
+        "hashed-publisher",
+        "--broker-url",
+        nats_url,
+        "--group",
+        group_name,
+        "--input",
+        str(events),
+        "--json",
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert f"{events}:2" in result.stderr
+    stats = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (stats["acked"], stats["rejected_input"]) == (2, 1)
