@@ -2,8 +2,9 @@
 
 Static mode is the original design: `client_index` and `client_count` mark its primary
 queues (q mod count == index); every `cycle_seconds` it releases the secondary queues it is
-active on, so primaries reclaim them. One worker per queue processes messages in order,
-acks only after the handler succeeded, and dead-letters what cannot be processed.
+active on, so primaries reclaim them. One worker per queue hands each message to its key's
+lane (keys run concurrently up to `window`, each key in order), acks only after the handler
+succeeded, and dead-letters what cannot be processed.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from lbg.assignment import is_primary
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
 from lbg.destinations import OutputKind, output_destination
 from lbg.group import GroupConfig
 from lbg.handlers import AsyncHandler, Context
-from lbg.messages import MalformedMessage, decode_event
+from lbg.lanes import KeyLanes
+from lbg.messages import Event, MalformedMessage, decode_event
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class LbgClient:
         cycle_seconds: float = 30.0,
         retries: int = 3,
         retry_backoff: float = 0.2,
+        window: int = 64,
     ) -> None:
         self._broker = broker
         self._group = group
@@ -79,6 +83,7 @@ class LbgClient:
         self._cycle = cycle_seconds
         self._retries = retries
         self._backoff = retry_backoff
+        self._window = window
         self._bindings: list[QueueBinding] = []
         self._release_requested: set[int] = set()
         self._stopping = False
@@ -143,10 +148,12 @@ class LbgClient:
                     self._release_requested.add(binding.queue)
 
     async def _work(self, binding: QueueBinding) -> None:
+        lanes = KeyLanes(self._window)
         while not self._stopping:
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
                 log.info("client %s releases secondary queue %d", self.client_id, binding.queue)
+                await lanes.drain()
                 await binding.release(STANDBY_DELAY)
                 continue
             try:
@@ -156,15 +163,24 @@ class LbgClient:
             if not binding.owns(delivery):
                 self.stats.fenced += 1
                 continue
-            await self._process(binding, delivery)
+            try:
+                event = decode_event(delivery.body)
+            except MalformedMessage as exc:
+                await lanes.submit(
+                    "", partial(self._reject, binding, delivery, f"malformed message: {exc}")
+                )
+                continue
+            await lanes.submit(event.key, partial(self._process, binding, delivery, event))
+        await lanes.drain()
 
-    async def _process(self, binding: QueueBinding, delivery: Delivery) -> None:
-        try:
-            event = decode_event(delivery.body)
-        except MalformedMessage as exc:
-            if await self._dead_letter(binding, delivery, f"malformed message: {exc}"):
-                await binding.ack(delivery)
-            return
+    async def _reject(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
+        """Dead-letter a message that cannot be processed, then ack it."""
+        if await self._dead_letter(binding, delivery, reason):
+            return await self._complete(binding, delivery)
+        return self._abandon(binding)
+
+    async def _process(self, binding: QueueBinding, delivery: Delivery, event: Event) -> bool:
+        """Run the handler (with retries, then dead-letter) and ack; False if not completed."""
         context = Context(
             group=self._group,
             client=self.client_id,
@@ -176,17 +192,16 @@ class LbgClient:
         for attempt in range(1, self._retries + 2):
             if not binding.owns(delivery):
                 self.stats.fenced += 1
-                return
+                return False
             try:
                 await self._handler(event, context)
                 break
             except Exception as exc:
                 self.stats.handler_errors += 1
                 if attempt > self._retries:
-                    reason = f"handler failed {attempt} times: {exc!r}"
-                    if not await self._dead_letter(binding, delivery, reason):
-                        return
-                    break
+                    return await self._reject(
+                        binding, delivery, f"handler failed {attempt} times: {exc!r}"
+                    )
                 log.warning(
                     "queue %d: handler failed on %s seq %d (attempt %d): %r",
                     binding.queue,
@@ -196,10 +211,20 @@ class LbgClient:
                     exc,
                 )
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+        return await self._complete(binding, delivery)
+
+    async def _complete(self, binding: QueueBinding, delivery: Delivery) -> bool:
         if await binding.ack(delivery):
             self.stats.processed += 1
-        else:
-            self.stats.fenced += 1
+            return True
+        self.stats.fenced += 1
+        return False
+
+    def _abandon(self, binding: QueueBinding) -> bool:
+        """A message could not be completed: give the queue up so it comes back in order."""
+        if binding.active:
+            binding.fence("a message could not be completed")
+        return False
 
     async def _dead_letter(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
         """Park a message with its reason on the dead-letter destination; True once confirmed."""

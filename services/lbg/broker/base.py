@@ -93,6 +93,10 @@ class QueueBinding(abc.ABC):
         """Acknowledge a processed delivery; False (and nothing sent) if ownership was lost."""
 
     @abc.abstractmethod
+    def fence(self, reason: str) -> None:
+        """Stop owning the queue now: nothing delivered so far may be processed or acked."""
+
+    @abc.abstractmethod
     async def release(self, standby_delay: float) -> None:
         """Hand the queue over: flush acks, give up being active, wait, then stand by again."""
 

@@ -40,6 +40,7 @@ from lbg.settings import ClientConfig
 )
 @click.option("--handler", help="module:function called for each event (sync or async).")
 @click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
+@click.option("--window", type=int, help="Events in flight per queue (keys concurrent, in order).")
 @verbose_option
 @quiet_option
 def main(
@@ -52,6 +53,7 @@ def main(
     cycle_seconds: float | None,
     handler: str | None,
     retries: int | None,
+    window: int | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -72,6 +74,7 @@ def main(
         "client.cycle_seconds": cycle_seconds,
         "client.handler": handler,
         "client.retries": retries,
+        "client.window": window,
     }
     settings = load(config_path, ClientConfig, overrides)
     c = settings.client
@@ -98,6 +101,7 @@ def main(
                 cycle_seconds=c.cycle_seconds,
                 retries=c.retries,
                 retry_backoff=c.retry_backoff,
+                window=c.window,
             )
             await client.run(stop)
             return 0

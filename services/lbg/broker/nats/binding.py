@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from lbg.aio import cancel_and_wait
 from lbg.broker.base import Delivery, QueueBinding, StateListener
 from lbg.broker.nats import jsapi
 
@@ -106,6 +107,9 @@ class NatsQueueBinding(QueueBinding):
         await self._nc.publish(str(delivery.token), b"+ACK")
         return True
 
+    def fence(self, reason: str) -> None:
+        self._lose(reason)
+
     async def release(self, standby_delay: float) -> None:
         if not self._pinned:
             return
@@ -127,9 +131,7 @@ class NatsQueueBinding(QueueBinding):
         self._closed = True
         self._running.set()
         self._abort_pull()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         pin = self._pin if self._active else None
         self._lose("closed")
         if self._nc.is_connected:

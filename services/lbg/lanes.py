@@ -1,0 +1,54 @@
+"""Per-key lanes: different keys run concurrently, each key strictly one event after another.
+
+This keeps a queue's throughput independent of how long one event takes, and one slow or
+stuck key does not hold up the others, while every key's events are handled in order. If an
+event of a key does not complete, the rest of that key's lane is skipped: those events will
+be delivered again, in order, after the queue is fenced and taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+Work = Callable[[], Awaitable[bool]]
+
+
+class KeyLanes:
+    """Runs at most `window` works at once; works of one key run in submission order."""
+
+    def __init__(self, window: int) -> None:
+        self._slots = asyncio.Semaphore(max(1, window))
+        self._tails: dict[str, asyncio.Task[bool]] = {}
+        self._running: set[asyncio.Task[bool]] = set()
+
+    async def submit(self, key: str, work: Work) -> None:
+        """Queue `work` behind the key's previous work; waits while the window is full."""
+        await self._slots.acquire()
+        task = asyncio.create_task(self._run(self._tails.get(key), work))
+        self._tails[key] = task
+        self._running.add(task)
+        task.add_done_callback(partial(self._finished, key))
+
+    @staticmethod
+    async def _run(previous: asyncio.Task[bool] | None, work: Work) -> bool:
+        if previous is not None and not await previous:
+            return False
+        return await work()
+
+    def _finished(self, key: str, task: asyncio.Task[bool]) -> None:
+        self._slots.release()
+        self._running.discard(task)
+        if self._tails.get(key) is task:
+            del self._tails[key]
+
+    @property
+    def busy(self) -> int:
+        """Works submitted and not finished."""
+        return len(self._running)
+
+    async def drain(self) -> None:
+        """Wait until every submitted work has finished."""
+        while self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)

@@ -1,0 +1,110 @@
+"""Per-key lanes: order within a key, concurrency across keys, a failed event stops its lane."""
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lbg.lanes import KeyLanes
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3)), max_size=40),
+    st.integers(1, 8),
+)
+def test_each_key_runs_in_submission_order(events, window: int) -> None:
+    async def scenario() -> dict[str, list[int]]:
+        lanes = KeyLanes(window)
+        done: dict[str, list[int]] = {}
+
+        def work(key: str, n: int, delay: int):
+            async def go() -> bool:
+                await asyncio.sleep(delay / 1000)
+                done.setdefault(key, []).append(n)
+                return True
+
+            return go
+
+        for n, (key, delay) in enumerate(events):
+            await lanes.submit(key, work(key, n, 3 - delay))
+        await lanes.drain()
+        return done
+
+    done = run(scenario())
+    for key, ns in done.items():
+        assert ns == sorted(ns), key
+    assert sum(len(ns) for ns in done.values()) == len(events)
+
+
+def test_keys_run_concurrently_up_to_the_window() -> None:
+    async def scenario() -> int:
+        lanes = KeyLanes(3)
+        active = peak = 0
+
+        async def slow() -> bool:
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.01)
+            active -= 1
+            return True
+
+        for key in "abcdef":
+            await lanes.submit(key, slow)
+        await lanes.drain()
+        return peak
+
+    assert run(scenario()) == 3
+
+
+def test_one_stuck_key_does_not_hold_up_the_others() -> None:
+    async def scenario() -> list[str]:
+        lanes = KeyLanes(4)
+        release = asyncio.Event()
+        finished: list[str] = []
+
+        def work(key: str, wait: bool):
+            async def go() -> bool:
+                if wait:
+                    await release.wait()
+                finished.append(key)
+                return True
+
+            return go
+
+        await lanes.submit("stuck", work("stuck", True))
+        for key in "xyz":
+            await lanes.submit(key, work(key, False))
+        await asyncio.sleep(0.01)
+        early = list(finished)
+        release.set()
+        await lanes.drain()
+        return early
+
+    assert run(scenario()) == ["x", "y", "z"]
+
+
+def test_a_failed_event_skips_the_rest_of_its_lane_only() -> None:
+    async def scenario() -> list[str]:
+        lanes = KeyLanes(4)
+        done: list[str] = []
+
+        def work(name: str, ok: bool):
+            async def go() -> bool:
+                done.append(name)
+                return ok
+
+            return go
+
+        await lanes.submit("a", work("a1", False))
+        await lanes.submit("a", work("a2", True))
+        await lanes.submit("b", work("b1", True))
+        await lanes.drain()
+        return done
+
+    assert sorted(run(scenario())) == ["a1", "b1"]
