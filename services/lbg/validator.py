@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, OutputMessage
 from lbg.destinations import OutputKind
 from lbg.messages import MalformedMessage, decode_event, decode_processed, decode_summary
@@ -180,7 +181,7 @@ async def run_validator(
                 log.info("all published events accounted for; idle %.1fs: exiting", idle)
                 break
     finally:
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
+        await cancel_and_wait(consumer)
+    if not consumer.cancelled() and consumer.exception() is not None:
+        raise consumer.exception()  # type: ignore[misc]
     return validator.report()
