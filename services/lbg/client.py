@@ -72,7 +72,7 @@ class LbgClient:
         cycle_seconds: float = 30.0,
         retries: int = 3,
         retry_backoff: float = 0.2,
-        window: int = 64,
+        window: int = 256,
     ) -> None:
         self._broker = broker
         self._group = group

@@ -180,7 +180,7 @@ class ClientSettings:
     handler: str = "lbg.handlers:republish"
     retries: int = _bounded(3, ge=0)
     retry_backoff: float = _bounded(0.2, ge=0)
-    window: int = _bounded(64, ge=1)
+    window: int = _bounded(256, ge=1)
 
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func."""

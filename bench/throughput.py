@@ -1,0 +1,594 @@
+"""End-to-end throughput of an LBG: sticky (exclusive queues) against competing consumers.
+
+publisher -> N lbg-client processes -> in-process validator, on real processes and a real
+nats-server. Both modes run in the same invocation, alternating which goes first per round so
+that drift on the machine hits both alike; the rates reported are medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import nats
+import uvloop
+from nats.aio.client import Client as Nats
+
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker, BrokerError
+from lbg.broker.nats.adapter import events_stream, output_stream, subject
+from lbg.destinations import OutputKind, output_destination
+from lbg.embedded import BrokerStartError, EmbeddedNats
+from lbg.group import GroupConfig, GroupConfigError
+from lbg.local import Daemon, LocalDeployment
+from lbg.settings import BrokerSettings
+from lbg.validator import Validator, run_validator
+
+MODES = ("sticky", "competing")
+# Clients release secondary queues this often, so the pins settle on the primaries soon after
+# the warm-up; once they have, the cycle finds nothing to release and costs nothing.
+CYCLE_SECONDS = 1.0
+PUBLISH_WINDOW = 2000
+WARMUP_KEYS_PER_QUEUE = 20
+WARMUP_RATE = 500.0
+WARMUP_SECONDS = 1.0
+POLL_SECONDS = 0.05
+QUEUE_POLL_SECONDS = 0.25
+CONVERGE_TIMEOUT = 30.0
+PROGRESS_SECONDS = 3.0
+BIND_TIMEOUT = 30.0
+SUMMARY_TIMEOUT = 10.0
+PUBLISHER_EXIT_TIMEOUT = 30.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+Echo = Callable[[str], None]
+
+
+class BenchError(Exception):
+    """A mode could not be measured; the message says which and why, in one line or a log tail."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every measured run shares."""
+
+    broker_url: str
+    events: int
+    clients: int
+    queues: int
+    hash_count: int
+    keys: int
+    workdir: Path
+    broker_pid: int | None
+
+    @property
+    def warmup_keys(self) -> int:
+        """Warm-up keys: enough that every queue gets events (each misses with p ~ e^-20)."""
+        return max(self.keys, WARMUP_KEYS_PER_QUEUE * self.queues)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one mode may take: generous even at a few hundred events/s."""
+        return 30.0 + self.events / 500
+
+
+@dataclass
+class ModeResult:
+    """One measured run of one mode; rates in events/s, times in s, memory in MB.
+
+    `rate` is end to end (publisher start until the validator saw every event);
+    `publisher_rate` is the publisher's own acked events/s; `processed_rate` spans the broker's
+    timestamps of the first measured event and the last validation record (the clients' pace);
+    `validator_lag_s` is how long after that last record the validator had seen everything.
+    `served_queues` (sticky only) names the client that delivered each queue's last event.
+    """
+
+    mode: str
+    round: int
+    elapsed_s: float
+    rate: float
+    publisher_rate: float
+    processed_rate: float
+    validator_lag_s: float
+    reordered: int
+    lost: int | None
+    duplicates: int
+    reassignments: int
+    per_client: dict[str, int]
+    served_queues: dict[str, list[int]]
+    client_peak_rss_mb: dict[str, float]
+    client_cpu_s: dict[str, float]
+    publisher_cpu_s: float
+    broker_cpu_s: float | None
+    bench_cpu_s: float
+    machine_busy_pct: float
+    other_cpu_s: float
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a live process, from /proc; None if it is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process, from /proc; None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all CPUs spent not idle since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / CLOCK_TICKS
+
+
+def own_cpu_seconds() -> float:
+    """CPU time of this process (the validator and the polling), all threads."""
+    times = os.times()
+    return times.user + times.system
+
+
+async def wait_for_log(daemon: Daemon, text: str, timeout: float) -> None:
+    """Wait until `text` appears in a daemon's log; fail if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log_path.read_text(errors="replace"):
+        if not daemon.running:
+            raise BenchError(f"{daemon.name} exited while starting:\n{daemon.log_tail()}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"{daemon.name}: no '{text}' after {timeout:g} s")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def server_times(nc: Nats, group: str, first_seq: int) -> tuple[float, float]:
+    """When the broker stored event `first_seq` and the last validation record (epoch seconds).
+
+    Server timestamps separate the clients' pace from the validator's: the last record is
+    stored when the clients are done, whatever the validator does afterwards.
+    """
+    js = nc.jetstream()
+    first = await js.get_msg(events_stream(group), seq=first_seq)
+    last = await js.get_last_msg(
+        output_stream(group), subject(output_destination(group, OutputKind.VALIDATION))
+    )
+    if first.time is None or last.time is None:
+        raise BenchError(f"group '{group}': the broker returned no message timestamps")
+    return first.time.timestamp(), last.time.timestamp()
+
+
+def client_name(index: int) -> str:
+    """The daemon name (and client id) of client `index`."""
+    return f"client-{index}"
+
+
+async def pinned(broker: Broker, group: str, config: GroupConfig) -> dict[int, str | None]:
+    """The client the broker has pinned each queue to (None: not pinned)."""
+    return {s.queue: s.active_client for s in await broker.queue_status(group, config)}
+
+
+async def wait_primaries(
+    broker: Broker, group: str, config: GroupConfig, clients: int, label: str
+) -> None:
+    """Wait until every queue is pinned to its primary client: the static mode's steady state.
+
+    Pins are given on a queue's first delivery to whichever pull the server holds first (in
+    practice the first client started wins them all); each client then releases its secondary
+    queues every cycle, and the primaries take them with the next delivery, so events must
+    keep flowing meanwhile. Only then is the load spread as designed.
+    """
+    want = {q: client_name(q % clients) for q in range(config.queue_count)}
+    deadline = time.monotonic() + CONVERGE_TIMEOUT
+    while (owners := await pinned(broker, group, config)) != want:
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"{label} queues not on their primary clients after {CONVERGE_TIMEOUT:g} s: "
+                f"{owners}"
+            )
+        await asyncio.sleep(QUEUE_POLL_SECONDS)
+
+
+async def wait_validated(
+    opts: Options,
+    validator: Validator,
+    validation: asyncio.Task[Any],
+    daemons: list[Daemon],
+    target: int,
+    label: str,
+    echo: Echo,
+) -> None:
+    """Poll until the validator has seen `target` distinct events; fail fast if anything died."""
+    started = time.monotonic()
+    next_progress = started + PROGRESS_SECONDS
+    while validator.report().unique < target:
+        now = time.monotonic()
+        if validation.done():
+            raise BenchError(f"{label} the validator stopped: {validation.exception()!r}")
+        for daemon in daemons:
+            if daemon.process.poll() not in (None, 0):
+                raise BenchError(f"{label} {daemon.name} failed:\n{daemon.log_tail()}")
+        if now - started > opts.timeout:
+            raise BenchError(
+                f"{label} timed out after {opts.timeout:g} s: {validator.progress_line()}"
+            )
+        if now >= next_progress:
+            echo(f"{label} {now - started:5.1f}s {validator.progress_line()}")
+            next_progress = now + PROGRESS_SECONDS
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def wait_summaries(validator: Validator, publishers: int) -> None:
+    """Give the publishers' summaries time to arrive, so `lost` is known rather than None."""
+    deadline = time.monotonic() + SUMMARY_TIMEOUT
+    while time.monotonic() < deadline:
+        if sum(p.complete for p in validator.summaries.values()) >= publishers:
+            return
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def reaped_children_cpu_seconds() -> float:
+    """CPU time of this process's children that have exited and been reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def finish_publisher(publisher: Daemon, label: str) -> dict[str, Any]:
+    """Reap the publisher and return its `--json` stats."""
+    if await asyncio.to_thread(publisher.wait, PUBLISHER_EXIT_TIMEOUT) != 0:
+        raise BenchError(f"{label} publisher failed:\n{publisher.log_tail()}")
+    for line in reversed(publisher.log_path.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise BenchError(f"{label} publisher printed no stats:\n{publisher.log_tail()}")
+
+
+async def run_mode(
+    opts: Options, broker: Broker, nc: Nats, mode: str, round_no: int, echo: Echo
+) -> ModeResult:
+    """Measure one mode on a fresh group, then stop its clients and delete the group.
+
+    A paced warm-up publisher first runs for a second (and, for sticky, until the queues have
+    settled on their primary clients) and is drained; the measured publisher then runs alone,
+    timed from its start until the validator has seen every one of its events.
+    """
+    label = f"[{mode} r{round_no}]"
+    name = f"bench-{mode}-{round_no}-{uuid.uuid4().hex[:6]}"
+    config = GroupConfig(
+        hash_prefix=name,
+        hash_count=opts.hash_count,
+        queue_count=opts.queues,
+        exclusive=mode == "sticky",
+    )
+    await broker.create_group(name, config)
+    local = LocalDeployment(opts.broker_url, name, opts.workdir / name)
+    validator = Validator()
+    stop_validator = asyncio.Event()
+    validation: asyncio.Task[Any] | None = None
+    try:
+        clients = [
+            local.start_client(client_name(i), i, opts.clients, CYCLE_SECONDS)
+            for i in range(opts.clients)
+        ]
+        for client in clients:
+            await wait_for_log(client, " bound ", BIND_TIMEOUT)
+        validation = asyncio.create_task(
+            run_validator(broker, name, validator, stop_validator, progress_interval=0)
+        )
+        echo(f"{label} group '{name}' {config.to_json()}: warming up")
+        warmup = local.start_publisher(
+            "warm-up", *("--keys", str(opts.warmup_keys), "--rate", str(WARMUP_RATE), "--json")
+        )
+        await asyncio.sleep(WARMUP_SECONDS)
+        if config.exclusive:
+            await wait_primaries(broker, name, config, opts.clients, label)
+        warmup.send(signal.SIGTERM)
+        warmed = int((await finish_publisher(warmup, label))["acked"])
+        await wait_validated(opts, validator, validation, clients, warmed, label, echo)
+        echo(f"{label} measuring: {opts.events} events")
+        reassignments = validator.report().reassignments
+        cpu_before = {c.name: cpu_seconds(c.process.pid) or 0.0 for c in clients}
+        broker_cpu_before = cpu_seconds(opts.broker_pid) if opts.broker_pid else None
+        bench_cpu_before = own_cpu_seconds()
+        machine_before = machine_busy_seconds()
+        # Only the publisher exits (and is reaped) between here and its end: the clients run on.
+        reaped_cpu_before = reaped_children_cpu_seconds()
+        started = time.monotonic()
+        publisher = local.start_publisher(
+            "publisher",
+            *("--keys", str(opts.keys), "--count", str(opts.events)),
+            *("--window", str(PUBLISH_WINDOW), "--json"),
+        )
+        target = warmed + opts.events
+        await wait_validated(
+            opts, validator, validation, [*clients, publisher], target, label, echo
+        )
+        elapsed = time.monotonic() - started
+        validated_at = time.time()
+        bench_cpu = own_cpu_seconds() - bench_cpu_before
+        machine_busy = machine_busy_seconds() - machine_before
+        broker_cpu_after = cpu_seconds(opts.broker_pid) if opts.broker_pid else None
+        client_cpu = {
+            c.name: (cpu_seconds(c.process.pid) or 0.0) - cpu_before[c.name] for c in clients
+        }
+        rss = {c.name: peak_rss_mb(c.process.pid) or 0.0 for c in clients}
+        published = await finish_publisher(publisher, label)
+        publisher_cpu = reaped_children_cpu_seconds() - reaped_cpu_before
+        await wait_summaries(validator, 2)
+        report = validator.report()
+        first_event, last_record = await server_times(nc, name, warmed + 1)
+    finally:
+        stop_validator.set()
+        if validation is not None:
+            await asyncio.wait({validation})
+        await asyncio.to_thread(local.stop_all)
+        with contextlib.suppress(BrokerError):
+            await broker.delete_group(name)
+    ours = sum(client_cpu.values()) + publisher_cpu + bench_cpu
+    broker_cpu = (
+        None
+        if broker_cpu_before is None or broker_cpu_after is None
+        else broker_cpu_after - broker_cpu_before
+    )
+    served: dict[str, list[int]] = {}
+    if config.exclusive:
+        for queue in range(config.queue_count):
+            owner = validator.checker.queue_owner(queue)
+            if owner is not None:
+                served.setdefault(owner, []).append(queue)
+    return ModeResult(
+        mode=mode,
+        round=round_no,
+        elapsed_s=round(elapsed, 3),
+        rate=round(opts.events / elapsed, 1),
+        publisher_rate=float(published["rate_per_s"]),
+        processed_rate=round(opts.events / max(last_record - first_event, 1e-3), 1),
+        validator_lag_s=round(validated_at - last_record, 3),
+        reordered=report.reordered,
+        lost=report.lost,
+        duplicates=report.duplicates,
+        reassignments=report.reassignments - reassignments,
+        per_client=report.per_client,
+        served_queues=served,
+        client_peak_rss_mb={n: round(v, 1) for n, v in rss.items()},
+        client_cpu_s={n: round(v, 2) for n, v in client_cpu.items()},
+        publisher_cpu_s=round(publisher_cpu, 2),
+        broker_cpu_s=None if broker_cpu is None else round(broker_cpu, 2),
+        bench_cpu_s=round(bench_cpu, 2),
+        machine_busy_pct=round(100 * machine_busy / (elapsed * (os.cpu_count() or 1)), 1),
+        other_cpu_s=round(machine_busy - ours - (broker_cpu or 0.0), 2),
+    )
+
+
+def round_line(result: ModeResult) -> str:
+    """One line per measured run, printed as soon as it is done."""
+    queues = " ".join(f"{c}:{q}" for c, q in sorted(result.served_queues.items())) or "-"
+    return (
+        f"[{result.mode} r{result.round}] {result.rate:,.0f} events/s end to end in "
+        f"{result.elapsed_s:.1f} s (publisher {result.publisher_rate:,.0f}/s, clients done at "
+        f"{result.processed_rate:,.0f}/s, validator lag {result.validator_lag_s:.2f} s); "
+        f"reordered {result.reordered} lost {result.lost} duplicates {result.duplicates} "
+        f"key moves {result.reassignments}; queues served by {queues}"
+    )
+
+
+async def run_all(opts: Options, rounds: int, echo: Echo) -> list[ModeResult]:
+    """Every round, both modes, alternating which goes first; SIGTERM cancels like Ctrl-C."""
+    task = asyncio.current_task()
+    if task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    broker = await connect_broker(BrokerSettings(url=opts.broker_url), "bench")
+    nc = await nats.connect(opts.broker_url, name="bench-timestamps")
+    results: list[ModeResult] = []
+    try:
+        for round_no in range(1, rounds + 1):
+            for mode in MODES if round_no % 2 else MODES[::-1]:
+                result = await run_mode(opts, broker, nc, mode, round_no, echo)
+                echo(round_line(result))
+                results.append(result)
+    finally:
+        await nc.close()
+        await broker.close()
+    return results
+
+
+def summarize(opts: Options, results: list[ModeResult], wall_s: float) -> dict[str, Any]:
+    """Medians of the rates per mode, totals of the counts, peaks of memory; plus the ratio."""
+    modes: dict[str, Any] = {}
+    for mode in MODES:
+        runs = [r for r in results if r.mode == mode]
+        losses = [r.lost for r in runs]
+        modes[mode] = {
+            "rate": statistics.median(r.rate for r in runs),
+            "publisher_rate": statistics.median(r.publisher_rate for r in runs),
+            "processed_rate": statistics.median(r.processed_rate for r in runs),
+            "validator_lag_s": statistics.median(r.validator_lag_s for r in runs),
+            "reordered": sum(r.reordered for r in runs),
+            "lost": None if None in losses else sum(x for x in losses if x is not None),
+            "duplicates": sum(r.duplicates for r in runs),
+            "reassignments": sum(r.reassignments for r in runs),
+            "client_peak_rss_mb": max(max(r.client_peak_rss_mb.values()) for r in runs),
+            "client_cpu_s": statistics.median(sum(r.client_cpu_s.values()) for r in runs),
+            "publisher_cpu_s": statistics.median(r.publisher_cpu_s for r in runs),
+            "broker_cpu_s": (
+                None
+                if any(r.broker_cpu_s is None for r in runs)
+                else statistics.median(r.broker_cpu_s or 0.0 for r in runs)
+            ),
+            "bench_cpu_s": statistics.median(r.bench_cpu_s for r in runs),
+            "other_cpu_s": statistics.median(r.other_cpu_s for r in runs),
+            "machine_busy_pct": statistics.median(r.machine_busy_pct for r in runs),
+        }
+    competing = modes["competing"]["rate"]
+    return {
+        "events": opts.events,
+        "clients": opts.clients,
+        "queues": opts.queues,
+        "hash_count": opts.hash_count,
+        "keys": opts.keys,
+        "rounds": len(results) // len(MODES),
+        "cpus": os.cpu_count(),
+        "wall_s": round(wall_s, 1),
+        "ratio": round(modes["sticky"]["rate"] / competing, 3) if competing else None,
+        **modes,
+        "runs": [asdict(r) for r in results],
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """The final human-readable block: one row per figure, one column per mode."""
+    rows = [
+        ("end to end, events/s (median)", "rate", "{:,.0f}"),
+        ("publisher alone, events/s", "publisher_rate", "{:,.0f}"),
+        ("clients done, events/s", "processed_rate", "{:,.0f}"),
+        ("validator lag after clients, s", "validator_lag_s", "{:.2f}"),
+        ("reordered (all events, all rounds)", "reordered", "{}"),
+        ("lost (all events, all rounds)", "lost", "{}"),
+        ("duplicates (all events, all rounds)", "duplicates", "{}"),
+        ("key moves while measuring", "reassignments", "{}"),
+        ("client peak RSS, MB (max)", "client_peak_rss_mb", "{:.1f}"),
+        ("CPU s: clients (sum)", "client_cpu_s", "{:.2f}"),
+        ("CPU s: publisher", "publisher_cpu_s", "{:.2f}"),
+        ("CPU s: broker", "broker_cpu_s", "{:.2f}"),
+        ("CPU s: bench process (validator)", "bench_cpu_s", "{:.2f}"),
+        ("CPU s: everything else on the machine", "other_cpu_s", "{:.2f}"),
+        ("machine CPU busy while measuring, %", "machine_busy_pct", "{:.0f}"),
+    ]
+    lines = [
+        f"{summary['events']} events, {summary['clients']} clients, QC {summary['queues']}, "
+        f"HC {summary['hash_count']}, {summary['keys']} keys, {summary['rounds']} round(s), "
+        f"{summary['cpus']} CPUs, {summary['wall_s']:.0f} s wall",
+        f"{'':40}{'sticky':>12}{'competing':>12}",
+    ]
+    for label, key, style in rows:
+        cells = [summary[mode][key] for mode in MODES]
+        shown = ["-" if cell is None else style.format(cell) for cell in cells]
+        lines.append(f"{label:40}{shown[0]:>12}{shown[1]:>12}")
+    ratio = summary["ratio"]
+    verdict = "meets" if ratio is not None and ratio >= 0.9 else "below"
+    sticky_ok = summary["sticky"]["reordered"] == 0 and summary["sticky"]["lost"] == 0
+    lines.append(f"ratio sticky / competing: {ratio} ({verdict} the 0.9 target)")
+    lines.append(f"sticky order and completeness: {'OK' if sticky_ok else 'FAILED'}")
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--events",
+    type=click.IntRange(min=1),
+    default=20000,
+    show_default=True,
+    help="Measured events.",
+)
+@click.option(
+    "--clients", type=click.IntRange(min=1), default=2, show_default=True, help="lbg-clients."
+)
+@click.option(
+    "--queues", type=click.IntRange(min=1), default=4, show_default=True, help="Queue count QC."
+)
+@click.option(
+    "--hash-count", type=click.IntRange(min=1), default=64, show_default=True, help="Buckets HC."
+)
+@click.option(
+    "--keys", type=click.IntRange(min=1), default=200, show_default=True, help="Publisher keys."
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs per mode, alternating which mode goes first; rates are medians.",
+)
+@click.option("--broker-url", help="Use this NATS server [default: an embedded one, temp dir].")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line of every figure.")
+def main(
+    events: int,
+    clients: int,
+    queues: int,
+    hash_count: int,
+    keys: int,
+    rounds: int,
+    broker_url: str | None,
+    as_json: bool,
+) -> None:
+    """Events/s of publisher -> lbg-clients -> validator: sticky vs competing consumers."""
+
+    def echo(text: str) -> None:
+        click.echo(text, err=True)
+
+    try:
+        GroupConfig(hash_prefix="bench", hash_count=hash_count, queue_count=queues)
+    except GroupConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    workdir = Path(tempfile.mkdtemp(prefix="lbg-bench-"))
+    logging.basicConfig(
+        filename=workdir / "bench.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    # Competing consumers reorder and move keys on nearly every event; logging each one would
+    # slow the validator in that mode only. The counts are kept either way.
+    logging.getLogger("lbg.validator").setLevel(logging.ERROR)
+    server: EmbeddedNats | None = None
+    done = False
+    started = time.monotonic()
+    try:
+        if broker_url is None:
+            server = EmbeddedNats(workdir / "nats")
+            broker_url = server.start()
+            echo(f"embedded nats-server (pid {server.pid}) at {broker_url}")
+        opts = Options(
+            broker_url=broker_url,
+            events=events,
+            clients=clients,
+            queues=queues,
+            hash_count=hash_count,
+            keys=keys,
+            workdir=workdir,
+            broker_pid=server.pid if server else None,
+        )
+        echo(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        results = uvloop.run(run_all(opts, rounds, echo))
+        done = True
+    except (BenchError, BrokerError, BrokerStartError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        echo("interrupted: stopping everything this run started")
+        sys.exit(130)
+    finally:
+        if server is not None:
+            server.stop()
+        if done:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            echo(f"logs kept in {workdir}")
+    summary = summarize(opts, results, time.monotonic() - started)
+    click.echo(summary_text(summary))
+    if as_json:
+        click.echo(json.dumps(summary, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
