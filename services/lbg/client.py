@@ -1,6 +1,7 @@
 """The LBG client: binds every queue of its group and processes what the broker makes it active for.
 
-Static mode is the original design: `client_index` and `client_count` mark its primary
+Dynamic mode (no index or count) joins by itself: see coordinator.py. Static mode is the
+original design: `client_index` and `client_count` mark its primary
 queues (q mod count == index); every `cycle_seconds` it releases the secondary queues it is
 active on, so primaries reclaim them. One worker per queue hands each message to its key's
 lane (keys run concurrently up to `window`, each key in order), acks only after the handler
@@ -16,8 +17,10 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from lbg.aio import cancel_and_wait
 from lbg.assignment import is_primary
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
+from lbg.coordinator import Coordinator
 from lbg.destinations import OutputKind, output_destination
 from lbg.group import GroupConfig
 from lbg.handlers import AsyncHandler, Context
@@ -58,6 +61,19 @@ def _header_value(text: str) -> str:
     return " ".join(text.split())[:REASON_CHARS]
 
 
+@dataclass(frozen=True)
+class DynamicRole:
+    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator)."""
+
+    heartbeat_interval: float = 0.15
+    lease: float = 0.7
+    stall_timeout: float = 30.0
+    leave_timeout: float = 5.0
+
+
+Role = StaticRole | DynamicRole
+
+
 class LbgClient:
     """One member of a load-balanced group."""
 
@@ -68,7 +84,7 @@ class LbgClient:
         config: GroupConfig,
         client_id: str,
         handler: AsyncHandler,
-        role: StaticRole,
+        role: Role,
         cycle_seconds: float = 30.0,
         retries: int = 3,
         retry_backoff: float = 0.2,
@@ -87,7 +103,12 @@ class LbgClient:
         self._bindings: list[QueueBinding] = []
         self._release_requested: set[int] = set()
         self._stopping = False
+        self._coordinator: Coordinator | None = None
+        self._busy: dict[object, float] = {}
         self.stats = ClientStats()
+
+    def _preferred(self, queue: int) -> bool:
+        return isinstance(self._role, StaticRole) and self._role.is_primary(queue)
 
     def _on_change(self, queue: int, active: bool) -> None:
         if active:
@@ -95,13 +116,16 @@ class LbgClient:
             self.stats.handovers += 1
         else:
             self.stats.active.discard(queue)
-        primary = "primary" if self._role.is_primary(queue) else "secondary"
+        if isinstance(self._role, StaticRole):
+            how = "primary" if self._role.is_primary(queue) else "secondary"
+        else:
+            how = "dynamic"
         log.info(
             "client %s %s queue %d (%s); active on %s",
             self.client_id,
             "now serves" if active else "stopped serving",
             queue,
-            primary,
+            how,
             sorted(self.stats.active) or "none",
         )
 
@@ -114,37 +138,84 @@ class LbgClient:
                     self._config,
                     queue,
                     self.client_id,
-                    preferred=self._role.is_primary(queue),
+                    preferred=self._preferred(queue),
                     on_change=self._on_change,
                 )
             )
-        primaries = [q for q in range(self._config.queue_count) if self._role.is_primary(q)]
+        workers = [asyncio.create_task(self._work(b)) for b in self._bindings]
+        if isinstance(self._role, StaticRole):
+            await self._run_static(stop)
+        else:
+            await self._run_dynamic(stop, self._role)
+        self._stopping = True
+        await asyncio.gather(*workers, return_exceptions=True)
+        for binding in self._bindings:
+            with contextlib.suppress(Exception):
+                await binding.close()
+        if self._coordinator is not None:
+            await self._coordinator.close()
+        log.info("client %s stopped after %d messages", self.client_id, self.stats.processed)
+        return self.stats
+
+    async def _run_static(self, stop: asyncio.Event) -> None:
+        primaries = [q for q in range(self._config.queue_count) if self._preferred(q)]
         log.info(
-            "client %s bound %d queues of group '%s'; primary queues %s",
+            "client %s bound %d queues of group '%s' (static); primary queues %s",
             self.client_id,
             len(self._bindings),
             self._group,
             primaries or "none",
         )
-        workers = [asyncio.create_task(self._work(b)) for b in self._bindings]
         cycler = asyncio.create_task(self._cycle_secondaries())
         await stop.wait()
         log.info("client %s stopping: finishing in-flight work", self.client_id)
-        self._stopping = True
-        cycler.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        for binding in self._bindings:
-            with contextlib.suppress(Exception):
-                await binding.close()
-        log.info("client %s stopped after %d messages", self.client_id, self.stats.processed)
-        return self.stats
+        await cancel_and_wait(cycler)
+
+    async def _run_dynamic(self, stop: asyncio.Event, role: DynamicRole) -> None:
+        coordinator = Coordinator(
+            self._broker,
+            self._group,
+            self.client_id,
+            {b.queue: b for b in self._bindings},
+            self._release_requested.add,
+            interval=role.heartbeat_interval,
+            lease=role.lease,
+        )
+        self._coordinator = coordinator
+        await coordinator.join()
+        heartbeats = asyncio.Event()
+        beating = asyncio.create_task(coordinator.run(heartbeats))
+        watchdog = asyncio.create_task(self._watch_for_stalls(coordinator, role))
+        await stop.wait()
+        log.info("client %s leaving: handing its queues over", self.client_id)
+        await coordinator.leave()
+        deadline = time.monotonic() + role.leave_timeout
+        while any(b.active for b in self._bindings) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await cancel_and_wait(watchdog)
+        heartbeats.set()
+        await beating
+
+    async def _watch_for_stalls(self, coordinator: Coordinator, role: DynamicRole) -> None:
+        """A handler hung past the stall timeout makes this member give its queues up."""
+        while True:
+            await asyncio.sleep(coordinator.interval)
+            now = time.monotonic()
+            oldest = max((now - started for started in self._busy.values()), default=0.0)
+            coordinator.set_stalled(oldest > role.stall_timeout)
+
+    def _may_process(self, binding: QueueBinding, delivery: Delivery) -> bool:
+        """The binding still owns the delivery and, in dynamic mode, this member's lease holds."""
+        if self._coordinator is not None and not self._coordinator.lease_ok():
+            return False
+        return binding.owns(delivery)
 
     async def _cycle_secondaries(self) -> None:
         """The original's periodic release of secondary bindings so primaries can reclaim them."""
         while True:
             await asyncio.sleep(self._cycle)
             for binding in self._bindings:
-                if binding.active and not self._role.is_primary(binding.queue):
+                if binding.active and not self._preferred(binding.queue):
                     self._release_requested.add(binding.queue)
 
     async def _work(self, binding: QueueBinding) -> None:
@@ -152,7 +223,7 @@ class LbgClient:
         while not self._stopping:
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
-                log.info("client %s releases secondary queue %d", self.client_id, binding.queue)
+                log.info("client %s hands queue %d over", self.client_id, binding.queue)
                 await lanes.drain()
                 await binding.release(STANDBY_DELAY)
                 continue
@@ -160,7 +231,7 @@ class LbgClient:
                 delivery = await asyncio.wait_for(binding.next(), POLL_SECONDS)
             except TimeoutError:
                 continue
-            if not binding.owns(delivery):
+            if not self._may_process(binding, delivery):
                 self.stats.fenced += 1
                 continue
             try:
@@ -190,9 +261,11 @@ class LbgClient:
             broker=self._broker,
         )
         for attempt in range(1, self._retries + 2):
-            if not binding.owns(delivery):
+            if not self._may_process(binding, delivery):
                 self.stats.fenced += 1
                 return False
+            token = object()
+            self._busy[token] = time.monotonic()
             try:
                 await self._handler(event, context)
                 break
@@ -211,10 +284,12 @@ class LbgClient:
                     exc,
                 )
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+            finally:
+                del self._busy[token]
         return await self._complete(binding, delivery)
 
     async def _complete(self, binding: QueueBinding, delivery: Delivery) -> bool:
-        if await binding.ack(delivery):
+        if self._may_process(binding, delivery) and await binding.ack(delivery):
             self.stats.processed += 1
             return True
         self.stats.fenced += 1

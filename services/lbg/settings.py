@@ -171,7 +171,7 @@ class PublisherSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ClientSettings:
-    """One lbg-client: its static slot (index of count), release cycle and handler."""
+    """One lbg-client: dynamic membership or a static slot (index of count), and its handler."""
 
     id: str = ""
     index: int | None = _bounded(None, ge=0)
@@ -181,9 +181,17 @@ class ClientSettings:
     retries: int = _bounded(3, ge=0)
     retry_backoff: float = _bounded(0.2, ge=0)
     window: int = _bounded(256, ge=1)
+    heartbeat_interval: float = _bounded(0.15, gt=0)
+    lease: float = _bounded(0.7, gt=0)
+    stall_timeout: float = _bounded(30.0, gt=0)
 
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func."""
+        if self.lease < 3 * self.heartbeat_interval:
+            raise ValueError(
+                f"lease: must be >= 3 x heartbeat_interval ({3 * self.heartbeat_interval:g}),"
+                f" got {self.lease:g}"
+            )
         if (self.index is None) != (self.count is None):
             given, missing = ("index", "count") if self.count is None else ("count", "index")
             raise ValueError(f"{given}: static mode needs {missing} too")

@@ -8,7 +8,7 @@ whether this consumer is the active one, and fence itself when it stops being so
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from lbg.destinations import Destination, OutputKind
@@ -92,6 +92,33 @@ class QueueBinding(abc.ABC):
     async def ack(self, delivery: Delivery) -> bool:
         """Acknowledge a processed delivery; False (and nothing sent) if ownership was lost."""
 
+    @property
+    @abc.abstractmethod
+    def pin(self) -> str | None:
+        """The broker's token for this consumer's ownership, while it is the active one."""
+
+    @property
+    @abc.abstractmethod
+    def waiting(self) -> bool:
+        """True while this binding stands ready to take the queue the moment it is released."""
+
+    @abc.abstractmethod
+    def set_preferred(self, preferred: bool) -> None:
+        """Whether a released queue should go to this binding rather than another standby."""
+
+    @abc.abstractmethod
+    def suspend(self, suspended: bool) -> None:
+        """Stop (True) or resume (False) asking for messages at all, e.g. while stalled."""
+
+    @abc.abstractmethod
+    async def pinned_by(self) -> str | None:
+        """The broker's token of whoever is active on this queue now (None: nobody)."""
+
+    @abc.abstractmethod
+    async def evict(self, pin: str) -> bool:
+        """Take the queue from a gone owner holding `pin` without waiting for the broker's
+        timeout; True if the broker released it."""
+
     @abc.abstractmethod
     def fence(self, reason: str) -> None:
         """Stop owning the queue now: nothing delivered so far may be processed or acked."""
@@ -156,6 +183,16 @@ class Broker(abc.ABC):
         When the queue is released, the broker should hand it to a `preferred` binding
         (a primary) rather than to any other standby.
         """
+
+    @abc.abstractmethod
+    async def publish_control(self, group: str, body: bytes) -> None:
+        """Send a control message (membership heartbeat) to every member; best effort, fast."""
+
+    @abc.abstractmethod
+    async def subscribe_control(
+        self, group: str, handler: Callable[[bytes], None]
+    ) -> Callable[[], Awaitable[None]]:
+        """Receive the group's control messages; returns a coroutine function that unsubscribes."""
 
     @abc.abstractmethod
     def read_output(self, group: str) -> AsyncIterator[OutputMessage]:

@@ -8,11 +8,9 @@ import click
 
 from lbg.broker import connect_broker
 from lbg.cli.common import (
-    EXIT_USAGE,
     broker_option,
     config_option,
     default_id,
-    fail,
     group_option,
     load,
     one_line_errors,
@@ -21,7 +19,7 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
 )
-from lbg.client import LbgClient, StaticRole
+from lbg.client import DynamicRole, LbgClient, StaticRole
 from lbg.handlers import load_handler
 from lbg.settings import ClientConfig
 
@@ -35,6 +33,9 @@ from lbg.settings import ClientConfig
     "--client-index", "index", type=int, help="Static mode: this client's index (0-based)."
 )
 @click.option("--client-count", "count", type=int, help="Static mode: how many clients there are.")
+@click.option(
+    "--stall-timeout", type=float, help="Dynamic mode: seconds a handler may hang before giving up."
+)
 @click.option(
     "--cycle-seconds", type=float, help="Static mode: release secondary queues this often."
 )
@@ -50,6 +51,7 @@ def main(
     client_id: str | None,
     index: int | None,
     count: int | None,
+    stall_timeout: float | None,
     cycle_seconds: float | None,
     handler: str | None,
     retries: int | None,
@@ -59,10 +61,16 @@ def main(
 ) -> None:
     """Bind every queue of the group; the broker makes one bound client per queue active.
 
-    Static mode (the original design): queue q is primary for the client with index
-    q mod count; secondary queues are released every --cycle-seconds so primaries reclaim
-    them. Each event is acked only after the handler succeeded; after --retries failures it
-    goes to the group's dead-letter destination with the reason. SIGTERM hands over cleanly.
+    Dynamic mode (the default: no index or count): the client joins the group by itself;
+    members heartbeat over the broker and share the queues evenly; a join, a leave, a crash
+    or a stalled member moves only the queues that must move.
+
+    Static mode (the original design, with --client-index and --client-count): queue q is
+    primary for the client with index q mod count; secondary queues are released every
+    --cycle-seconds so primaries reclaim them.
+
+    Each event is acked only after the handler succeeded; after --retries failures it goes
+    to the group's dead-letter destination with the reason. SIGTERM hands over cleanly.
     """
     setup_logging(verbose, quiet)
     overrides = {
@@ -71,6 +79,7 @@ def main(
         "client.id": client_id,
         "client.index": index,
         "client.count": count,
+        "client.stall_timeout": stall_timeout,
         "client.cycle_seconds": cycle_seconds,
         "client.handler": handler,
         "client.retries": retries,
@@ -78,11 +87,11 @@ def main(
     }
     settings = load(config_path, ClientConfig, overrides)
     c = settings.client
-    if c.index is None or c.count is None:
-        fail(
-            "static mode needs --client-index and --client-count (or client.index/count)",
-            EXIT_USAGE,
-        )
+    role = (
+        StaticRole(c.index, c.count)
+        if c.index is not None and c.count is not None
+        else DynamicRole(c.heartbeat_interval, c.lease, c.stall_timeout)
+    )
     name = c.id or default_id("client")
     with one_line_errors():
         user_handler = load_handler(c.handler)
@@ -97,7 +106,7 @@ def main(
                 config,
                 name,
                 user_handler,
-                StaticRole(c.index, c.count),
+                role,
                 cycle_seconds=c.cycle_seconds,
                 retries=c.retries,
                 retry_backoff=c.retry_backoff,

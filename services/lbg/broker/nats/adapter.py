@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
 import orjson
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
@@ -54,6 +55,7 @@ OWNERS_BUCKET = "lbg_owners"
 PUBLISH_TIMEOUT = 10.0
 ACK_WAIT = 30.0
 OUTPUT_MAX_BYTES = 1024**3
+CONTROL_PREFIX = "_lbgctl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-/:+=@~!,;]")
 
 
@@ -73,6 +75,11 @@ def events_stream(group: str) -> str:
 
 def output_stream(group: str) -> str:
     return f"LBG_{group}_OUT"
+
+
+def control_subject(group: str) -> str:
+    """Core NATS subject of the group's membership heartbeats (kept out of every stream)."""
+    return f"{CONTROL_PREFIX}.{group}.members"
 
 
 def consumer_name(queue: int) -> str:
@@ -359,6 +366,18 @@ class NatsBroker(Broker):
             on_change=changed,
         )
         return binding
+
+    async def publish_control(self, group: str, body: bytes) -> None:
+        await self._nc.publish(control_subject(group), body)
+
+    async def subscribe_control(
+        self, group: str, handler: Callable[[bytes], None]
+    ) -> Callable[[], Awaitable[None]]:
+        async def deliver(msg: Msg) -> None:
+            handler(msg.data)
+
+        subscription = await self._nc.subscribe(control_subject(group), cb=deliver)
+        return subscription.unsubscribe
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         sub = await self._js.pull_subscribe(

@@ -71,6 +71,7 @@ class NatsQueueBinding(QueueBinding):
         self._last_pull = time.monotonic()
         self._running = asyncio.Event()
         self._running.set()
+        self._wake = asyncio.Event()
         self._closed = False
         self._pull = _Pull()
         self._task = asyncio.create_task(self._pull_loop(), name=f"pull-{consumer}")
@@ -81,8 +82,39 @@ class NatsQueueBinding(QueueBinding):
 
     @property
     def pin(self) -> str | None:
-        """The pin id the server gave this binding, while it is the owner."""
-        return self._pin
+        return self._pin if self._active else None
+
+    @property
+    def waiting(self) -> bool:
+        return self._pinned and self._preferred and not self._active and self._running.is_set()
+
+    def set_preferred(self, preferred: bool) -> None:
+        if preferred != self._preferred:
+            self._preferred = preferred
+            self._wake.set()
+
+    def suspend(self, suspended: bool) -> None:
+        if suspended:
+            self._running.clear()
+            self._abort_pull()
+        elif not self._closed:
+            self._running.set()
+
+    async def evict(self, pin: str) -> bool:
+        if not self._pinned:
+            return False
+        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+        if not any(g.get("pinned_client_id") == pin for g in info.get("priority_groups") or []):
+            return False
+        await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
+        log.info("queue %d: evicted gone owner %s", self.queue, pin)
+        return True
+
+    async def pinned_by(self) -> str | None:
+        """The pin id the broker holds for this queue now, whoever owns it."""
+        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+        pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
+        return next((p for p in pins if p), None)
 
     def _stalled(self) -> bool:
         return self._pinned and time.monotonic() - self._last_pull > self._timeout * FENCE_FRACTION
@@ -175,8 +207,10 @@ class NatsQueueBinding(QueueBinding):
             if self._closed:
                 return
             try:
+                self._wake.clear()
                 if await self._should_wait_in_background():
-                    await asyncio.sleep(self._timeout / 2)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self._timeout / 2)
                     continue
                 await self._pull_once()
             except asyncio.CancelledError:
@@ -194,8 +228,7 @@ class NatsQueueBinding(QueueBinding):
         """
         if not self._pinned or self._preferred or self._active:
             return False
-        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
-        return any(g.get("pinned_client_id") for g in info.get("priority_groups") or [])
+        return await self.pinned_by() is not None
 
     async def _pull_once(self) -> None:
         pull = _Pull(remaining=PULL_BATCH)

@@ -1,0 +1,196 @@
+"""Dynamic mode: every member agrees on who serves which queue, with no leader and no index.
+
+Each member heartbeats (its state, the queues it serves with their pins, the queues it stands
+ready for), keeps a view of the others, and computes the same balanced, sticky assignment.
+It then only steers: it prefers the queues assigned to it, releases a queue once its new
+owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
+for the broker's timeout, and fences itself when its own heartbeats stopped (it was stalled).
+The broker's exclusivity keeps correctness whatever the views say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from lbg.assignment import balanced_assignment
+from lbg.broker.base import Broker, BrokerError, QueueBinding
+from lbg.membership import Heartbeat, MembershipView, MemberState
+from lbg.messages import MalformedMessage
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """One member's part in the group's dynamic membership and assignment."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        group: str,
+        member: str,
+        bindings: Mapping[int, QueueBinding],
+        request_release: Callable[[int], None],
+        interval: float = 0.15,
+        lease: float = 0.7,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._broker = broker
+        self._group = group
+        self.member = member
+        self._bindings = bindings
+        self._request_release = request_release
+        self.interval = interval
+        self._clock = clock
+        self.view = MembershipView(lease, clock)
+        self.state = MemberState.ACTIVE
+        self.desired: dict[int, str] = {}
+        self._gone_pins: dict[str, float] = {}
+        self._unknown: dict[int, str] = {}
+        self._last_beat = clock()
+        self._unsubscribe: Callable[[], object] | None = None
+
+    @property
+    def lease(self) -> float:
+        return self.view.lease
+
+    def lease_ok(self) -> bool:
+        """True while this member's own heartbeats are current: it may process and ack."""
+        return self._clock() - self._last_beat < self.lease
+
+    async def join(self) -> None:
+        """Listen to the others for two heartbeat intervals, then announce this member."""
+        self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
+        await asyncio.sleep(2 * self.interval)
+        await self.tick()
+        log.info("member %s joined; members %s", self.member, self._members())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Heartbeat and rebalance every interval until `stop` is set."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+            with contextlib.suppress(BrokerError, TimeoutError):
+                await self.tick()
+
+    async def leave(self) -> None:
+        """Announce leaving: the others take this member's queues as it releases them."""
+        self.state = MemberState.LEAVING
+        self.rebalance()
+        await self._beat()
+
+    async def close(self) -> None:
+        await self._beat()
+        if self._unsubscribe is not None:
+            with contextlib.suppress(Exception):
+                await self._unsubscribe()  # type: ignore[misc]
+
+    def set_stalled(self, stalled: bool) -> None:
+        """A handler hung past the stall timeout: give every queue up until it returns."""
+        state = MemberState.STALLED if stalled else MemberState.ACTIVE
+        if self.state is MemberState.LEAVING or state is self.state:
+            return
+        self.state = state
+        for binding in self._bindings.values():
+            if stalled:
+                binding.fence("member stalled: a handler hung past the stall timeout")
+            binding.suspend(stalled)
+        log.warning("member %s is %s", self.member, state.value)
+
+    async def tick(self) -> None:
+        """One round: self-check, expire lapsed members, rebalance, evict, heartbeat."""
+        if not self.lease_ok():
+            self._fence_all("own heartbeats lapsed (this member was stalled)")
+        now = self._clock()
+        for heartbeat in self.view.expire():
+            log.info("member %s is gone (lease lapsed)", heartbeat.member)
+            self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
+        self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
+        self.rebalance()
+        await self._evict_gone_owners()
+        await self._beat()
+
+    def _fence_all(self, reason: str) -> None:
+        for binding in self._bindings.values():
+            if binding.active:
+                binding.fence(reason)
+
+    def _receive(self, body: bytes) -> None:
+        try:
+            heartbeat = Heartbeat.decode(body)
+        except MalformedMessage as exc:
+            log.warning("ignored a control message: %s", exc)
+            return
+        if heartbeat.member == self.member:
+            return
+        before = self.view.heartbeat_of(heartbeat.member)
+        self.view.observe(heartbeat)
+        if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
+            self.rebalance()
+
+    def _members(self) -> list[str]:
+        members = set(self.view.members())
+        if self.state is MemberState.ACTIVE:
+            members.add(self.member)
+        return sorted(members)
+
+    def _current(self) -> dict[int, str]:
+        current = self.view.owners()
+        for queue, binding in self._bindings.items():
+            if binding.active:
+                current[queue] = self.member
+            elif current.get(queue) == self.member:
+                del current[queue]
+        return current
+
+    def rebalance(self) -> None:
+        """Recompute the assignment and steer the bindings towards it."""
+        self.desired = balanced_assignment(len(self._bindings), self._members(), self._current())
+        for queue, binding in self._bindings.items():
+            owner = self.desired.get(queue)
+            binding.set_preferred(owner == self.member)
+            if binding.active and owner != self.member and self._ready(owner, queue):
+                self._request_release(queue)
+
+    def _ready(self, member: str | None, queue: int) -> bool:
+        """The new owner stands ready for the queue (a release now pauses it only briefly)."""
+        heartbeat = self.view.heartbeat_of(member) if member else None
+        if heartbeat is None:
+            return self.state is MemberState.LEAVING
+        return queue in heartbeat.wants
+
+    async def _evict_gone_owners(self) -> None:
+        """Take over queues assigned here whose broker owner is gone, stalled or unknown.
+
+        A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
+        pin nobody claims only if it is still unclaimed one round later (its owner may have
+        just taken the queue and not yet said so).
+        """
+        live = self.view.pins()
+        stalled = {
+            pin
+            for pin, member in live.items()
+            if (hb := self.view.heartbeat_of(member)) and hb.state is MemberState.STALLED
+        }
+        unknown: dict[int, str] = {}
+        for queue, binding in self._bindings.items():
+            if self.desired.get(queue) != self.member or binding.active:
+                continue
+            pin = await binding.pinned_by()
+            if pin is None or (pin in live and pin not in stalled):
+                continue
+            if pin in self._gone_pins or pin in stalled or self._unknown.get(queue) == pin:
+                await binding.evict(pin)
+            else:
+                unknown[queue] = pin
+        self._unknown = unknown
+
+    async def _beat(self) -> None:
+        owns = {q: b.pin for q, b in self._bindings.items() if b.active and b.pin}
+        wants = frozenset(q for q, b in self._bindings.items() if b.waiting)
+        heartbeat = Heartbeat(self.member, self.state, owns, wants)
+        await self._broker.publish_control(self._group, heartbeat.encode())
+        self._last_beat = self._clock()

@@ -1,0 +1,88 @@
+"""The membership view: leases, leaving, stalled members and owner claims."""
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lbg.membership import Heartbeat, MembershipView, MemberState
+from lbg.messages import MalformedMessage
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(member: str, state=MemberState.ACTIVE, owns=None, wants=()) -> Heartbeat:
+    return Heartbeat(member, state, owns or {}, frozenset(wants))
+
+
+def test_a_member_is_gone_when_its_lease_lapses() -> None:
+    clock = Clock()
+    view = MembershipView(lease=0.6, clock=clock)
+    view.observe(beat("a"))
+    view.observe(beat("b"))
+    clock.now += 0.5
+    view.observe(beat("b"))
+    clock.now += 0.2
+    assert [heartbeat.member for heartbeat in view.expire()] == ["a"]
+    assert view.members() == ["b"]
+
+
+def test_a_leaving_member_gets_no_queues_but_keeps_its_claims_while_it_drains() -> None:
+    view = MembershipView(lease=10, clock=Clock())
+    view.observe(beat("a", owns={2: "pin-a"}))
+    view.observe(beat("a", MemberState.LEAVING, owns={2: "pin-a"}))
+    assert view.members() == []
+    assert view.owners() == {2: "a"}
+    view.observe(beat("a", MemberState.LEAVING))
+    assert view.owners() == {}
+
+
+def test_a_stalled_member_gets_no_queues_but_its_claims_still_count() -> None:
+    view = MembershipView(lease=10, clock=Clock())
+    view.observe(beat("a", MemberState.STALLED, owns={0: "pin-a"}))
+    view.observe(beat("b"))
+    assert view.members() == ["b"]
+    assert view.owners() == {0: "a"}
+    assert view.pins() == {"pin-a": "a"}
+
+
+def test_the_latest_claim_of_a_queue_wins() -> None:
+    clock = Clock()
+    view = MembershipView(lease=10, clock=clock)
+    view.observe(beat("a", owns={1: "p1"}))
+    clock.now += 0.1
+    view.observe(beat("b", owns={1: "p2"}))
+    assert view.owners() == {1: "b"}
+
+
+states = st.sampled_from(list(MemberState))
+
+
+@given(
+    st.text(max_size=8),
+    states,
+    st.dictionaries(st.integers(0, 999), st.text(max_size=8), max_size=5),
+    st.frozensets(st.integers(0, 999), max_size=5),
+)
+def test_heartbeats_round_trip(member, state, owns, wants) -> None:
+    heartbeat = Heartbeat(member, state, owns, wants)
+    assert Heartbeat.decode(heartbeat.encode()) == heartbeat
+
+
+@given(st.binary(max_size=200))
+def test_garbage_is_a_malformed_heartbeat_or_a_heartbeat(body: bytes) -> None:
+    """Decoding never fails with anything but MalformedMessage."""
+    with contextlib.suppress(MalformedMessage):
+        assert isinstance(Heartbeat.decode(body), Heartbeat)
+
+
+def test_wrong_state_is_rejected() -> None:
+    with pytest.raises(MalformedMessage):
+        Heartbeat.decode(b'{"m": "a", "st": "sleeping"}')
