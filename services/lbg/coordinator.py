@@ -103,6 +103,11 @@ class Coordinator:
     async def tick(self) -> None:
         """One round: self-check, expire lapsed members, rebalance, evict, heartbeat."""
         if not self.lease_ok():
+            log.warning(
+                "member %s: own heartbeats lapsed for %.1fs (stalled?); fencing its queues",
+                self.member,
+                self._clock() - self._last_beat,
+            )
             self._fence_all("own heartbeats lapsed (this member was stalled)")
         now = self._clock()
         for heartbeat in self.view.expire():

@@ -1,0 +1,163 @@
+"""Dynamic membership on a real nats-server: join, leave, crash and stall under load."""
+
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lbg.local import Daemon, LocalDeployment
+
+
+def member(deployment: LocalDeployment, name: str, *args: str) -> Daemon:
+    """Start an lbg-client with no index or count: it joins the group by itself."""
+    return deployment.start(name, "lbg-client", "--id", name, *args)
+
+
+def log_of(deployment: LocalDeployment, name: str) -> str:
+    return deployment.daemons[name].log_path.read_text()
+
+
+def wait_for(predicate, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.1)
+
+
+def serving(deployment: LocalDeployment, name: str) -> bool:
+    return "now serves queue" in log_of(deployment, name)
+
+
+def load(deployment: LocalDeployment, seconds: float = 7.0) -> Daemon:
+    return deployment.start_publisher(
+        "pub", "--keys", "60", "--rate", "800", "--duration", str(seconds)
+    )
+
+
+def test_a_joining_member_takes_its_share_with_no_duplicate(
+    make_group, deployment: LocalDeployment, validate
+) -> None:
+    make_group()
+    member(deployment, "client-a")
+    member(deployment, "client-b")
+    publisher = load(deployment)
+    wait_for(lambda: serving(deployment, "client-a"), 15, "nobody became active")
+    time.sleep(1.5)
+    member(deployment, "client-c")
+    wait_for(lambda: serving(deployment, "client-c"), 10, "the new member got no queue")
+    assert publisher.wait(60) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert report["duplicates"] == 0, "a planned move duplicated events"
+    assert set(report["per_client"]) == {"client-a", "client-b", "client-c"}
+
+
+def test_sigterm_hands_every_queue_over_with_no_duplicate(
+    make_group, deployment: LocalDeployment, validate
+) -> None:
+    make_group()
+    leaving = member(deployment, "client-a")
+    member(deployment, "client-b")
+    publisher = load(deployment)
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(2.0)
+    leaving.send(signal.SIGTERM)
+    assert leaving.wait(15) == 0, leaving.log_tail()
+    assert publisher.wait(60) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert report["duplicates"] == 0, "a planned leave duplicated events"
+    assert "hands queue" in log_of(deployment, "client-a")
+
+
+def test_kill_9_is_taken_over_before_the_broker_timeout(
+    make_group, deployment: LocalDeployment, validate
+) -> None:
+    make_group()
+    victim = member(deployment, "client-a")
+    member(deployment, "client-b")
+    publisher = load(deployment)
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(2.0)
+    victim.send(signal.SIGKILL)
+    assert publisher.wait(60) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    survivor = log_of(deployment, "client-b")
+    assert "member client-a is gone" in survivor
+    assert "evicted gone owner" in survivor, "the survivor waited for the broker's timeout"
+
+
+def test_a_stopped_member_loses_its_queues_and_fences_itself_on_waking(
+    make_group, deployment: LocalDeployment, validate
+) -> None:
+    make_group()
+    sleeper = member(deployment, "client-a")
+    member(deployment, "client-b")
+    publisher = load(deployment, 9.0)
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(2.0)
+    sleeper.send(signal.SIGSTOP)
+    time.sleep(2.5)
+    sleeper.send(signal.SIGCONT)
+    assert publisher.wait(60) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert "own heartbeats lapsed" in log_of(deployment, "client-a")
+    assert "member client-a is gone" in log_of(deployment, "client-b")
+
+
+@pytest.fixture
+def hanging_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A handler that hangs for 4 s in client-a on the first event of the key 'hang'."""
+    (tmp_path / "hanging_handler.py").write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+            from lbg.handlers import republish
+
+            async def handle(event, context):
+                if event.key == "hang" and event.seq == 1 and context.client == "client-a":
+                    await asyncio.sleep(4)
+                await republish(event, context)
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "hanging_handler:handle"
+
+
+def test_a_handler_hung_past_the_stall_timeout_gives_the_queues_up(
+    make_group, deployment: LocalDeployment, validate, hanging_handler: str, tmp_path: Path
+) -> None:
+    make_group()
+    member(deployment, "client-a", "--handler", hanging_handler, "--stall-timeout", "1")
+    time.sleep(1.5)
+    member(deployment, "client-b", "--handler", hanging_handler, "--stall-timeout", "1")
+    time.sleep(1.0)
+    events = tmp_path / "events.jsonl"
+    keys = ["hang"] + [f"key-{i}" for i in range(40)]
+    events.write_text("".join(f'{{"key": "{k}"}}\n' for _ in range(20) for k in keys))
+    publisher = deployment.start_publisher("pub", "--input", str(events), "--rate", "200")
+    assert publisher.wait(60) == 0, publisher.log_tail()
+
+    report = validate()
+
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    logs = log_of(deployment, "client-a") + log_of(deployment, "client-b")
+    assert "is stalled" in logs, "no member noticed its hung handler"
