@@ -23,7 +23,7 @@ from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
 from lbg.coordinator import Coordinator
 from lbg.destinations import OutputKind, output_destination
 from lbg.group import GroupConfig
-from lbg.handlers import AsyncHandler, Context
+from lbg.handlers import AsyncHandler, Context, Hooks
 from lbg.lanes import KeyLanes
 from lbg.messages import Event, MalformedMessage, decode_event
 
@@ -89,6 +89,7 @@ class LbgClient:
         retries: int = 3,
         retry_backoff: float = 0.2,
         window: int = 256,
+        hooks: Hooks | None = None,
     ) -> None:
         self._broker = broker
         self._group = group
@@ -105,6 +106,8 @@ class LbgClient:
         self._stopping = False
         self._coordinator: Coordinator | None = None
         self._busy: dict[object, float] = {}
+        self._hooks = hooks or Hooks()
+        self._announced: set[int] = set()
         self.stats = ClientStats()
 
     def _preferred(self, queue: int) -> bool:
@@ -225,8 +228,10 @@ class LbgClient:
                 self._release_requested.discard(binding.queue)
                 log.info("client %s hands queue %d over", self.client_id, binding.queue)
                 await lanes.drain()
+                await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
                 continue
+            await self._announce(binding, lanes, binding.active)
             try:
                 delivery = await asyncio.wait_for(binding.next(), POLL_SECONDS)
             except TimeoutError:
@@ -234,6 +239,7 @@ class LbgClient:
             if not self._may_process(binding, delivery):
                 self.stats.fenced += 1
                 continue
+            await self._announce(binding, lanes, active=True)
             try:
                 event = decode_event(delivery.body)
             except MalformedMessage as exc:
@@ -243,6 +249,25 @@ class LbgClient:
                 continue
             await lanes.submit(event.key, partial(self._process, binding, delivery, event))
         await lanes.drain()
+        await self._announce(binding, lanes, active=False)
+
+    async def _announce(self, binding: QueueBinding, lanes: KeyLanes, active: bool) -> None:
+        """Call on_assigned / on_revoked when this worker's ownership of its queue changes."""
+        queue = binding.queue
+        if active == (queue in self._announced):
+            return
+        if active:
+            self._announced.add(queue)
+            hook = self._hooks.on_assigned
+        else:
+            await lanes.drain()
+            self._announced.discard(queue)
+            hook = self._hooks.on_revoked
+        if hook is not None:
+            try:
+                await hook([queue])
+            except Exception as exc:
+                log.warning("queue %d: %s hook failed: %r", queue, hook.__name__, exc)
 
     async def _reject(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
         """Dead-letter a message that cannot be processed, then ack it."""

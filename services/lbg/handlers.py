@@ -68,8 +68,38 @@ def as_async(handler: Handler) -> AsyncHandler:
     return run_in_thread
 
 
-def load_handler(spec: str) -> AsyncHandler:
-    """Import `module:function` and return it as an async handler."""
+QueueHook = Callable[[list[int]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """Optional user callbacks around a handover (the Rebalanser events).
+
+    `on_assigned(queues)` runs before the first message of a queue this client became active
+    on; `on_revoked(queues)` after its in-flight work was finished and acked, before the queue
+    is released (or right after it was taken away by a crash or a stall).
+    """
+
+    on_assigned: QueueHook | None = None
+    on_revoked: QueueHook | None = None
+
+
+def _as_async_hook(hook: Callable[[list[int]], Any]) -> QueueHook:
+    if inspect.iscoroutinefunction(hook):
+        return hook
+
+    @functools.wraps(hook)
+    async def run_in_thread(queues: list[int]) -> None:
+        result = await asyncio.to_thread(hook, queues)
+        if inspect.isawaitable(result):
+            await result
+
+    return run_in_thread
+
+
+def load_handler(spec: str) -> tuple[AsyncHandler, Hooks]:
+    """Import `module:function` as an async handler, with `on_assigned` / `on_revoked` hooks
+    when its module defines them."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise HandlerLoadError(f"handler '{spec}': expected module:function")
@@ -82,4 +112,9 @@ def load_handler(spec: str) -> AsyncHandler:
     handler = getattr(module, attribute, None)
     if not callable(handler):
         raise HandlerLoadError(f"handler '{spec}': {module_name} has no function {attribute}")
-    return as_async(handler)
+    hooks = {
+        name: _as_async_hook(hook)
+        for name in ("on_assigned", "on_revoked")
+        if callable(hook := getattr(module, name, None))
+    }
+    return as_async(handler), Hooks(**hooks)

@@ -161,3 +161,59 @@ def test_a_handler_hung_past_the_stall_timeout_gives_the_queues_up(
     assert report["reordered"] == 0
     logs = log_of(deployment, "client-a") + log_of(deployment, "client-b")
     assert "is stalled" in logs, "no member noticed its hung handler"
+
+
+@pytest.fixture
+def recording_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A handler module whose on_assigned / on_revoked hooks append to a journal file."""
+    journal = tmp_path / "journal.txt"
+    (tmp_path / "recording_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, time
+            from lbg.handlers import republish as handle
+
+            def _note(what, queues):
+                with open({str(journal)!r}, "a") as out:
+                    for queue in queues:
+                        out.write(f"{{time.monotonic()}} {{os.getpid()}} {{what}} {{queue}}\\n")
+
+            def on_assigned(queues):
+                _note("assigned", queues)
+
+            async def on_revoked(queues):
+                _note("revoked", queues)
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "recording_hooks:handle", journal
+
+
+def test_hooks_tell_a_handover_in_order(
+    make_group, deployment: LocalDeployment, validate, recording_hooks
+) -> None:
+    handler, journal = recording_hooks
+    make_group()
+    first = member(deployment, "client-a", "--handler", handler)
+    publisher = load(deployment, 5.0)
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(1.0)
+    second = member(deployment, "client-b", "--handler", handler)
+    wait_for(lambda: serving(deployment, "client-b"), 10, "client-b got no queue")
+    assert publisher.wait(60) == 0, publisher.log_tail()
+    report = validate()
+    assert report["lost"] == 0 and report["reordered"] == 0
+
+    events = [line.split() for line in journal.read_text().splitlines()]
+    by = {str(first.process.pid): "a", str(second.process.pid): "b"}
+    moved = {int(q) for _, pid, what, q in events if by[pid] == "b" and what == "assigned"}
+    assert moved, "client-b was never told it was assigned a queue"
+    for queue in moved:
+        revoked = [
+            float(t) for t, pid, w, q in events if (by[pid], w, int(q)) == ("a", "revoked", queue)
+        ]
+        assigned = [
+            float(t) for t, pid, w, q in events if (by[pid], w, int(q)) == ("b", "assigned", queue)
+        ]
+        assert revoked and min(revoked) < min(assigned), f"queue {queue}: revoked after assigned"

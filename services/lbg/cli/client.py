@@ -94,7 +94,7 @@ def main(
     )
     name = c.id or default_id("client")
     with one_line_errors():
-        user_handler = load_handler(c.handler)
+        user_handler, hooks = load_handler(c.handler)
 
     async def serve(stop: asyncio.Event) -> int:
         broker = await connect_broker(settings.broker, name)
@@ -111,6 +111,7 @@ def main(
                 retries=c.retries,
                 retry_backoff=c.retry_backoff,
                 window=c.window,
+                hooks=hooks,
             )
             await client.run(stop)
             return 0
