@@ -1,8 +1,9 @@
 """The main job: the original blog's scenario, end to end, on real daemon processes.
 
-2 clients -> kill -9 one -> restart it -> add a 3rd and a 4th -> scale down to 1 -> stop
-publishing -> drain -> report. The validator runs in this process so the timeline of which
-client serves which queue can be printed as it changes.
+2 clients -> kill -9 one -> restart it -> add a 3rd and a 4th -> (dynamic mode: stall one
+with SIGSTOP, then wake it) -> scale down to 1 -> stop publishing -> drain -> report.
+The validator runs in this process so the timeline of which client serves which queue can be
+printed as it changes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class DemoOptions:
     queue_count: int = 4
     cycle_seconds: float = 5.0
     drain_timeout: float = 60.0
+    mode: str = "dynamic"
 
 
 class Timeline:
@@ -96,12 +98,18 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
         validation = asyncio.create_task(
             run_validator(broker, DEMO_GROUP, validator, stop_validator, progress_interval=0)
         )
-        phase = options.duration / 5
+        dynamic = options.mode == "dynamic"
+        phase = options.duration / (6 if dynamic else 5)
 
         def start_client(index: int) -> None:
-            local.start_client(client_name(index), index, CLIENT_COUNT, options.cycle_seconds)
+            name = client_name(index)
+            if dynamic:
+                local.start(name, "lbg-client", "--id", name)
+            else:
+                local.start_client(name, index, CLIENT_COUNT, options.cycle_seconds)
 
-        timeline.say(f"start 2 clients (static mode, client count {CLIENT_COUNT})")
+        how = "dynamic membership" if dynamic else f"static mode, client count {CLIENT_COUNT}"
+        timeline.say(f"start 2 clients ({how})")
         start_client(0)
         start_client(1)
         await asyncio.sleep(1.0)
@@ -123,6 +131,14 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
         start_client(2)
         start_client(3)
         await _phase(timeline, validator, phase)
+
+        if dynamic:
+            timeline.say("stall client-2 (SIGSTOP: alive but stuck)")
+            local.daemons[client_name(2)].send(signal.SIGSTOP)
+            await _phase(timeline, validator, phase / 2)
+            timeline.say("wake client-2 (SIGCONT): it must fence itself, then rejoin")
+            local.daemons[client_name(2)].send(signal.SIGCONT)
+            await _phase(timeline, validator, phase / 2)
 
         timeline.say("scale down to 1 client (SIGTERM client-1, client-2, client-3)")
         for index in (1, 2, 3):

@@ -3,15 +3,19 @@
 import subprocess
 
 import orjson
+import pytest
 
 from lbg.local import script
 
 
-def test_short_demo_ends_with_nothing_lost_or_reordered(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_short_demo_ends_with_nothing_lost_or_reordered(tmp_path, mode: str) -> None:
     result = subprocess.run(
         [
             script("lbg"),
             "demo",
+            "--mode",
+            mode,
             "--duration",
             "15",
             "--cycle-seconds",

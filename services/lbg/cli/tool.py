@@ -95,6 +95,13 @@ def broker(port: int, host: str, data_dir: str | None) -> None:
     help="Number of keys (UUID/UUID topics, as the original test).",
 )
 @click.option(
+    "--mode",
+    type=click.Choice(["dynamic", "static"]),
+    default="dynamic",
+    show_default=True,
+    help="dynamic: clients join by themselves; static: the original index and count.",
+)
+@click.option(
     "--cycle-seconds",
     type=click.FloatRange(min=0.5),
     default=5.0,
@@ -117,12 +124,14 @@ def demo(
     duration: float,
     rate: float,
     keys: int,
+    mode: str,
     cycle_seconds: float,
     workdir: str | None,
     as_json: bool,
 ) -> None:
     """Play the original scenario end to end and report: 2 clients -> kill -9 one -> restart
-    it -> add a 3rd and a 4th -> scale down to 1 -> stop publishing -> drain.
+    it -> add a 3rd and a 4th -> (dynamic: stall one, wake it) -> scale down to 1 -> stop
+    publishing -> drain.
 
     Starts the embedded NATS JetStream broker unless --broker-url is given. Exits 1 if any
     event was lost or reordered.
@@ -148,7 +157,12 @@ def demo(
             fail(str(exc))
         click.echo(f"embedded NATS JetStream broker at {broker_url}")
     options = DemoOptions(
-        broker_url=broker_url, duration=duration, rate=rate, keys=keys, cycle_seconds=cycle_seconds
+        broker_url=broker_url,
+        duration=duration,
+        rate=rate,
+        keys=keys,
+        cycle_seconds=cycle_seconds,
+        mode=mode,
     )
     try:
         report = uvloop.run(run_demo(options, folder / "daemons", click.echo))
