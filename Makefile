@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench venv clean
+.PHONY: demo test test-slow lint bench bench-rebalance venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers
 	$(BIN)/python bench/throughput.py $(ARGS)
+
+bench-rebalance: $(STAMP)  ## join, crash and planned-handover latency; dynamic vs static join
+	$(BIN)/python bench/rebalance.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

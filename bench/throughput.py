@@ -39,6 +39,7 @@ from lbg.group import GroupConfig, GroupConfigError
 from lbg.local import Daemon, LocalDeployment
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator
+from measure import CLOCK_TICKS, machine_busy_seconds
 
 MODES = ("sticky", "competing")
 # Clients release secondary queues this often, so the pins settle on the primaries soon after
@@ -55,7 +56,6 @@ PROGRESS_SECONDS = 3.0
 BIND_TIMEOUT = 30.0
 SUMMARY_TIMEOUT = 10.0
 PUBLISHER_EXIT_TIMEOUT = 30.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Echo = Callable[[str], None]
 
@@ -138,13 +138,6 @@ def cpu_seconds(pid: int) -> float | None:
         return None
     fields = stat.rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float:
-    """CPU time all CPUs spent not idle since boot, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields) - idle) / CLOCK_TICKS
 
 
 def own_cpu_seconds() -> float:

@@ -1,0 +1,897 @@
+"""How fast queues move under load: dynamic joins, crashes and planned handovers, against static.
+
+A dynamic group (members join by themselves, heartbeats and a lease) takes a steady publisher
+while members join, are killed with SIGKILL and leave with SIGTERM; every figure comes from
+the broker's timestamps of the validation records, so it is when the work was done, not when
+this process noticed. In the same run, a static group (the original design: client index and
+count, secondary queues released every --cycle-seconds) measures how long a joining client
+waits for its primary queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import random
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import nats
+import uvloop
+from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker, BrokerError, OutputMessage
+from lbg.broker.nats.adapter import output_stream
+from lbg.destinations import SYSTEM_PREFIX, OutputKind
+from lbg.embedded import BrokerStartError, EmbeddedNats
+from lbg.group import GroupConfig, GroupConfigError
+from lbg.local import Daemon, LocalDeployment
+from lbg.messages import MalformedMessage, decode_processed
+from lbg.sequence import Report
+from lbg.settings import BrokerSettings
+from lbg.validator import Validator
+from measure import machine_busy_seconds
+
+POLL_SECONDS = 0.02
+START_TIMEOUT = 30.0
+JOIN_TIMEOUT = 15.0
+MOVE_TIMEOUT = 15.0
+LEAVE_EXIT_TIMEOUT = 15.0
+PUBLISHER_EXIT_TIMEOUT = 30.0
+DRAIN_TIMEOUT = 30.0
+# A static join is started at least this long before the next release of the cycle.
+STATIC_MIN_LEAD = 1.0
+TARGET_JOIN_P99 = 1.0
+TARGET_CRASH_P99 = 1.0
+TARGET_PLANNED_P99 = 0.1
+TARGET_RATIO = 30.0
+LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
+
+Echo = Callable[[str], None]
+
+
+class BenchError(Exception):
+    """The scenario could not go on; the message says why, with a log tail where useful."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything one run shares."""
+
+    broker_url: str
+    rate: float
+    keys: int
+    hash_count: int
+    queues: int
+    members: int
+    rounds: int
+    leave_every: int
+    settle: float
+    static_samples: int
+    cycle_seconds: float
+    seed: int
+    workdir: Path
+
+
+@dataclass(frozen=True)
+class Change:
+    """A queue's records came from a new client: the old owner's last and the new one's first."""
+
+    queue: int
+    old: str | None
+    old_at: float | None
+    new: str
+    new_at: float
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something the bench did to the group, with the wall-clock time just before it."""
+
+    kind: str  # "join", "kill" or "leave"
+    member: str
+    at: float
+    queues: tuple[int, ...] = ()  # kill / leave: the queues the member served just before
+
+
+class Tracker:
+    """The validator, fed from the output stream, plus the broker timestamp of every record.
+
+    Per queue it keeps the changes of the client the records come from; per client the time
+    of its first record (overall and per queue). Times are epoch seconds of the broker's store.
+    """
+
+    def __init__(self, queue_count: int) -> None:
+        self.validator = Validator()
+        self.queue_count = queue_count
+        self.last: dict[int, tuple[float, str]] = {}
+        self.changes: dict[int, list[Change]] = {q: [] for q in range(queue_count)}
+        self.first_seen: dict[str, float] = {}
+        self.first_on_queue: dict[tuple[str, int], float] = {}
+        self.latest = 0.0
+
+    def handle(self, kind: OutputKind, msg: Msg) -> None:
+        self.validator.handle(OutputMessage(kind, msg.data, msg.headers or {}))
+        if kind is not OutputKind.VALIDATION:
+            return
+        try:
+            record = decode_processed(msg.data)
+        except MalformedMessage:
+            return  # the validator counted it
+        at = msg.metadata.timestamp.timestamp()
+        self.latest = max(self.latest, at)
+        queue, client = record.queue, record.client
+        previous = self.last.get(queue)
+        if previous is None or previous[1] != client:
+            old_at, old = previous if previous else (None, None)
+            self.changes.setdefault(queue, []).append(Change(queue, old, old_at, client, at))
+        self.last[queue] = (at, client)
+        self.first_seen.setdefault(client, at)
+        self.first_on_queue.setdefault((client, queue), at)
+
+    def serving(self, client: str) -> tuple[int, ...]:
+        """The queues whose latest record came from `client`."""
+        return tuple(sorted(q for q, (_, c) in self.last.items() if c == client))
+
+    def owner_at(self, queue: int, at: float) -> str | None:
+        """Who the queue's records came from at broker time `at`."""
+        owner = None
+        for change in self.changes.get(queue, []):
+            if change.new_at > at:
+                break
+            owner = change.new
+        return owner
+
+    def change_after(self, queue: int, at: float) -> Change | None:
+        """The first change of the queue's client after broker time `at`."""
+        return next((c for c in self.changes.get(queue, []) if c.new_at > at), None)
+
+    def report(self) -> Report:
+        return self.validator.report()
+
+
+async def follow_outputs(js: JetStreamContext, group: str, tracker: Tracker) -> Any:
+    """Read the group's outputs from the start into `tracker`; returns the subscription."""
+    kinds = {kind.value: kind for kind in OutputKind}
+
+    async def on_message(msg: Msg) -> None:
+        kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
+        if kind is not None:
+            tracker.handle(kind, msg)
+
+    return await js.subscribe(
+        f"{SYSTEM_PREFIX}.{group}.>",
+        stream=output_stream(group),
+        ordered_consumer=True,
+        cb=on_message,
+    )
+
+
+def percentile(values: Iterable[float], pct: float) -> float | None:
+    """Nearest-rank percentile (with fewer than 100 samples p99 is the maximum)."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    """p50, p99, max and n of a list of seconds, rounded to the millisecond."""
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {
+        "p50": ms(percentile(values, 50)),
+        "p99": ms(percentile(values, 99)),
+        "max": ms(max(values, default=None)),
+        "n": len(values),
+    }
+
+
+def our_cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited and been reaped."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def log_times(path: Path, text: str, after: float = 0.0) -> list[float]:
+    """Epoch times of a daemon's log lines that contain `text` (millisecond resolution)."""
+    times = []
+    if not path.exists():
+        return times
+    for line in path.read_text(errors="replace").splitlines():
+        if text not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            at = datetime.strptime(line[:23], LOG_TIME_FORMAT).timestamp()
+            if at >= after:
+                times.append(at)
+    return times
+
+
+def first_log_time(paths: Iterable[Path], text: str, after: float = 0.0) -> float | None:
+    """The earliest time `text` was logged after `after` in any of the logs."""
+    return min((t for p in paths for t in log_times(p, text, after)), default=None)
+
+
+def check_running(daemons: Iterable[Daemon]) -> None:
+    for daemon in daemons:
+        if not daemon.running:
+            raise BenchError(
+                f"{daemon.name} exited ({daemon.process.returncode}):\n{daemon.log_tail()}"
+            )
+
+
+async def wait_until(
+    condition: Callable[[], bool], timeout: float, alive: Iterable[Daemon] = ()
+) -> bool:
+    """Poll `condition`; False after `timeout`; fail at once if a daemon in `alive` exited."""
+    watched = list(alive)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        check_running(watched)
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(POLL_SECONDS)
+    return True
+
+
+async def wait_log(daemon: Daemon, text: str, timeout: float) -> None:
+    def logged() -> bool:
+        return daemon.log_path.exists() and text in daemon.log_path.read_text(errors="replace")
+
+    if not await wait_until(logged, timeout, [daemon]):
+        raise BenchError(f"{daemon.name}: no '{text}' after {timeout:g} s:\n{daemon.log_tail()}")
+
+
+async def stop_publisher(publisher: Daemon) -> None:
+    publisher.send(signal.SIGTERM)
+    if await asyncio.to_thread(publisher.wait, PUBLISHER_EXIT_TIMEOUT) != 0:
+        raise BenchError(f"{publisher.name} failed:\n{publisher.log_tail()}")
+
+
+async def drain(tracker: Tracker, label: str, echo: Echo) -> None:
+    """Wait until every published event is accounted for (so `lost` is known and final)."""
+    if not await wait_until(lambda: tracker.validator.complete, DRAIN_TIMEOUT):
+        echo(f"{label} drain timed out: {tracker.validator.progress_line()}")
+
+
+class Group:
+    """One group on the broker with its local daemons and its tracker; torn down on exit."""
+
+    def __init__(self, opts: Options, broker: Broker, js: JetStreamContext, kind: str) -> None:
+        self.name = f"rebal-{kind}-{uuid.uuid4().hex[:6]}"
+        self.config = GroupConfig(
+            hash_prefix=self.name, hash_count=opts.hash_count, queue_count=opts.queues
+        )
+        self.local = LocalDeployment(opts.broker_url, self.name, opts.workdir / self.name)
+        self.tracker = Tracker(opts.queues)
+        self._broker = broker
+        self._js = js
+        self._subscription: Any = None
+        self._created = False
+
+    async def __aenter__(self) -> Group:
+        await self._broker.create_group(self.name, self.config)
+        self._created = True
+        self._subscription = await follow_outputs(self._js, self.name, self.tracker)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await asyncio.to_thread(self.local.stop_all)
+        finally:
+            if self._subscription is not None:
+                with contextlib.suppress(Exception):
+                    await self._subscription.unsubscribe()
+            if self._created:
+                with contextlib.suppress(BrokerError):
+                    await self._broker.delete_group(self.name)
+
+    def all_served_by(self, clients: Iterable[str]) -> bool:
+        """Every queue has records, and the latest of each came from one of `clients`."""
+        names = set(clients)
+        last = self.tracker.last
+        return len(last) == self.config.queue_count and all(c in names for _, c in last.values())
+
+
+@dataclass
+class DynamicRun:
+    """What happened in the dynamic scenario: the actions and the group's records."""
+
+    group: Group
+    actions: list[Action] = field(default_factory=list)
+    steady_from: float = 0.0
+    busy_pct: float | None = None
+    started_at: dict[str, float] = field(default_factory=dict)
+
+
+async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Echo) -> DynamicRun:
+    """Steady load; per round a join, sometimes a second join and a SIGTERM leave, a kill -9."""
+    local, tracker = group.local, group.tracker
+    run = DynamicRun(group)
+    members: list[str] = []  # running members, oldest first
+    numbers = itertools.count(1)
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        echo(f"[dynamic {time.monotonic() - t0:6.1f}s] {text}")
+
+    def daemons() -> list[Daemon]:
+        return [local.daemons[m] for m in members]
+
+    async def join() -> None:
+        name = f"member-{next(numbers)}"
+        at = time.time()
+        daemon = local.start(name, "lbg-client", "--id", name)
+        run.actions.append(Action("join", name, at))
+        run.started_at[name] = at
+        members.append(name)
+        if not await wait_until(lambda: name in tracker.first_seen, JOIN_TIMEOUT, [daemon]):
+            raise BenchError(f"{name}: no record {JOIN_TIMEOUT:g} s after its start")
+        say(
+            f"join {name}: first record after {tracker.first_seen[name] - at:.3f} s; "
+            f"members {members}"
+        )
+        await asyncio.sleep(opts.settle)
+        check_running(daemons())
+
+    async def remove(kind: str) -> None:
+        victim = rng.choice(members[:-1])
+        queues = tracker.serving(victim)
+        daemon = local.daemons[victim]
+        at = time.time()
+        daemon.send(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+        run.actions.append(Action(kind, victim, at, queues))
+        members.remove(victim)
+
+        def moved() -> bool:
+            return all(tracker.last[q][1] != victim for q in queues)
+
+        if not await wait_until(moved, MOVE_TIMEOUT, daemons()):
+            raise BenchError(f"{kind} {victim}: queues {queues} not moved in {MOVE_TIMEOUT:g} s")
+        back = [c.new_at - at for q in queues if (c := tracker.change_after(q, at))]
+        say(
+            f"{kind} {victim} (queues {list(queues)}): all moved after {max(back, default=0):.3f} s"
+        )
+        if kind == "leave":
+            code = await asyncio.to_thread(daemon.wait, LEAVE_EXIT_TIMEOUT)
+            if code != 0:
+                raise BenchError(f"{victim} exited {code} on SIGTERM:\n{daemon.log_tail()}")
+        await asyncio.sleep(opts.settle)
+        check_running(daemons())
+
+    for _ in range(opts.members):
+        name = f"member-{next(numbers)}"
+        run.started_at[name] = time.time()
+        await wait_log(local.start(name, "lbg-client", "--id", name), " joined", START_TIMEOUT)
+        members.append(name)
+    say(f"group '{group.name}' {group.config.to_json()}; members {members}")
+    publisher = local.start_publisher(
+        "publisher", *("--keys", str(opts.keys), "--rate", str(opts.rate), "--json")
+    )
+    say(f"publishing {opts.rate:g} events/s over {opts.keys} keys")
+    if not await wait_until(
+        lambda: group.all_served_by(members), START_TIMEOUT, [*daemons(), publisher]
+    ):
+        raise BenchError(f"queues not all served after {START_TIMEOUT:g} s: {tracker.last}")
+    await asyncio.sleep(opts.settle)
+    run.steady_from = time.time()
+    busy_before, steady_started = machine_busy_seconds(), time.monotonic()
+    for round_no in range(1, opts.rounds + 1):
+        await join()
+        if opts.leave_every and round_no % opts.leave_every == 0:
+            await join()
+            await remove("leave")
+        await remove("kill")
+        check_running([publisher])
+    cpu_capacity = (time.monotonic() - steady_started) * (os.cpu_count() or 1)
+    run.busy_pct = round(100 * (machine_busy_seconds() - busy_before) / cpu_capacity, 1)
+    say(f"stop publishing; {tracker.validator.progress_line()}")
+    await stop_publisher(publisher)
+    await drain(tracker, "[dynamic]", echo)
+    return run
+
+
+async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo) -> list[dict]:
+    """A static client joins while its primary queues are served by another static client.
+
+    static-0 (index 0 of 2) serves every queue; a new client with index 1 then waits for
+    static-0's next release of its secondary queues. Each join is started at a random point
+    of static-0's release cycle, uniformly over what is left of the current cycle (at least
+    STATIC_MIN_LEAD s before the release, else over the whole next cycle); the joiner is then
+    stopped and its queues go back to static-0 before the next sample.
+    """
+    local, tracker = group.local, group.tracker
+    t0 = time.monotonic()
+    samples: list[dict] = []
+
+    def say(text: str) -> None:
+        echo(f"[static {time.monotonic() - t0:6.1f}s] {text}")
+
+    def start(name: str, index: int) -> Daemon:
+        return local.start_client(name, index, 2, opts.cycle_seconds)
+
+    keeper = start("static-0", 0)
+    await wait_log(keeper, " bound ", START_TIMEOUT)
+    # static-0 releases its secondary queues every cycle, counted from this log line.
+    anchor = first_log_time([keeper.log_path], " bound ") or time.time()
+    publisher = local.start_publisher(
+        "publisher", *("--keys", str(opts.keys), "--rate", str(opts.rate), "--json")
+    )
+    say(f"group '{group.name}' {group.config.to_json()}; static-0 serves every queue")
+    primaries = [q for q in range(opts.queues) if q % 2 == 1]
+    for number in range(1, opts.static_samples + 1):
+        if not await wait_until(
+            lambda: group.all_served_by(["static-0"]), START_TIMEOUT, [keeper, publisher]
+        ):
+            raise BenchError(f"static-0 does not serve every queue: {tracker.last}")
+        phase = (time.time() - anchor) % opts.cycle_seconds
+        if phase < opts.cycle_seconds - STATIC_MIN_LEAD:
+            delay = rng.uniform(0, opts.cycle_seconds - STATIC_MIN_LEAD - phase)
+        else:
+            delay = opts.cycle_seconds - phase + rng.uniform(0, opts.cycle_seconds)
+        await asyncio.sleep(delay)
+        name = f"static-j{number}"
+        at = time.time()
+        joiner = start(name, 1)
+        next_release = anchor + math.ceil((at - anchor) / opts.cycle_seconds) * opts.cycle_seconds
+
+        def got_primary(name: str = name) -> bool:
+            return any((name, q) in tracker.first_on_queue for q in primaries)
+
+        timeout = opts.cycle_seconds + JOIN_TIMEOUT
+        if not await wait_until(got_primary, timeout, [joiner, keeper, publisher]):
+            raise BenchError(f"{name}: no primary queue after {timeout:g} s")
+        first = min(
+            t for (c, q), t in tracker.first_on_queue.items() if c == name and q in primaries
+        )
+        sample = {
+            "client": name,
+            "latency_s": round(first - at, 3),
+            "release_due_s": round(next_release - at, 3),
+        }
+        samples.append(sample)
+        say(
+            f"static join {name}: first record on a primary queue after {first - at:.3f} s "
+            f"(static-0's release was due {next_release - at:.1f} s after the start)"
+        )
+        joiner.send(signal.SIGTERM)
+        if await asyncio.to_thread(joiner.wait, LEAVE_EXIT_TIMEOUT) != 0:
+            raise BenchError(f"{name} failed on SIGTERM:\n{joiner.log_tail()}")
+    await stop_publisher(publisher)
+    await drain(tracker, "[static]", echo)
+    return samples
+
+
+def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
+    """Join, crash and planned-handover latencies from the records' broker timestamps."""
+    tracker = run.group.tracker
+    logs = {name: d.log_path for name, d in run.group.local.daemons.items()}
+    killed = {a.member: a.at for a in run.actions if a.kind == "kill"}
+    joins, crashes, crash_all, kill_to_gone, planned = [], [], [], [], []
+    for action in run.actions:
+        if action.kind == "join":
+            first = tracker.first_seen.get(action.member)
+            joined = first_log_time([logs[action.member]], " joined")
+            joins.append(
+                {
+                    "member": action.member,
+                    "latency_s": None if first is None else round(first - action.at, 3),
+                    "start_to_joined_s": None if joined is None else round(joined - action.at, 3),
+                    "joined_to_first_s": (
+                        None if joined is None or first is None else round(first - joined, 3)
+                    ),
+                }
+            )
+        elif action.kind == "kill":
+            others = [p for n, p in logs.items() if n.startswith("member-") and n != action.member]
+            gone = first_log_time(others, f"member {action.member} is gone", action.at - 0.01)
+            if gone is not None:
+                kill_to_gone.append(round(gone - action.at, 3))
+            worst = 0.0
+            for queue in range(tracker.queue_count):
+                if tracker.owner_at(queue, action.at) != action.member:
+                    continue
+                change = tracker.change_after(queue, action.at)
+                latency = None
+                if change is not None and change.old == action.member:
+                    latency = change.new_at - action.at
+                    worst = max(worst, latency)
+                crashes.append(
+                    {
+                        "victim": action.member,
+                        "queue": queue,
+                        "new_owner": change.new if change else None,
+                        "latency_s": None if latency is None else round(latency, 3),
+                        "kill_to_gone_s": None if gone is None else round(gone - action.at, 3),
+                        "gone_to_first_s": (
+                            None
+                            if gone is None or change is None
+                            else round(change.new_at - gone, 3)
+                        ),
+                    }
+                )
+            crash_all.append(round(worst, 3))
+    for queue, changes in tracker.changes.items():
+        for change in changes:
+            if change.old is None or change.old_at is None or change.new_at < run.steady_from:
+                continue
+            if change.old in killed and change.new_at > killed[change.old]:
+                continue  # a crash takeover, measured above
+            cause = max(
+                (a for a in run.actions if a.at <= change.new_at),
+                key=lambda a: a.at,
+                default=None,
+            )
+            planned.append(
+                {
+                    "queue": queue,
+                    "old": change.old,
+                    "new": change.new,
+                    "cause": cause.kind if cause else "start",
+                    "pause_s": round(change.new_at - change.old_at, 3),
+                }
+            )
+
+    def values(rows: list[dict], key: str, **match: str) -> list[float]:
+        return [
+            r[key]
+            for r in rows
+            if r[key] is not None and all(r.get(k) == v for k, v in match.items())
+        ]
+
+    return {
+        "join": stats(values(joins, "latency_s")),
+        "crash": stats(values(crashes, "latency_s")),
+        "crash_all_queues": stats(crash_all),
+        "planned": stats(values(planned, "pause_s")),
+        "planned_join": stats(values(planned, "pause_s", cause="join")),
+        "planned_leave": stats(values(planned, "pause_s", cause="leave")),
+        "join_start_to_joined": stats(values(joins, "start_to_joined_s")),
+        "join_joined_to_first": stats(values(joins, "joined_to_first_s")),
+        "crash_kill_to_gone": stats(kill_to_gone),
+        "crash_gone_to_first": stats(values(crashes, "gone_to_first_s")),
+        "machine_busy_pct": run.busy_pct,
+        "counts": {
+            kind: sum(a.kind == kind for a in run.actions) for kind in ("join", "kill", "leave")
+        },
+        "missing": {
+            "join": sum(r["latency_s"] is None for r in joins),
+            "crash": sum(r["latency_s"] is None for r in crashes),
+        },
+        "joins": joins,
+        "crashes": crashes,
+        "planned_moves": planned,
+    }
+
+
+def totals(report: Report) -> dict[str, Any]:
+    return {
+        "published": report.published,
+        "unique": report.unique,
+        "lost": report.lost,
+        "reordered": report.reordered,
+        "duplicates": report.duplicates,
+        "dead_lettered": report.dead_lettered,
+    }
+
+
+async def run_all(opts: Options, echo: Echo) -> dict[str, Any]:
+    """Both scenarios on one broker, dynamic first; SIGTERM cancels like Ctrl-C."""
+    task = asyncio.current_task()
+    if task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    rng = random.Random(opts.seed)
+    broker = await connect_broker(BrokerSettings(url=opts.broker_url), "bench-rebalance")
+    nc: Nats | None = None
+    try:
+        nc = await nats.connect(opts.broker_url, name="bench-rebalance-records")
+        js = nc.jetstream()
+        async with Group(opts, broker, js, "dynamic") as group:
+            dynamic_run = await run_dynamic(opts, group, rng, echo)
+            dynamic = analyse_dynamic(dynamic_run)
+            dynamic["totals"] = totals(group.tracker.report())
+        static_samples: list[dict] = []
+        static_totals = None
+        if opts.static_samples:
+            async with Group(opts, broker, js, "static") as group:
+                static_samples = await run_static(opts, group, rng, echo)
+                static_totals = totals(group.tracker.report())
+    finally:
+        if nc is not None:
+            await nc.close()
+        await broker.close()
+    static_join = stats([s["latency_s"] for s in static_samples])
+    dynamic_p50 = dynamic["join"]["p50"]
+    ratio = (
+        round(static_join["p50"] / dynamic_p50, 1)
+        if static_join["p50"] is not None and dynamic_p50
+        else None
+    )
+    return {
+        "dynamic": dynamic,
+        "static": {"join": static_join, "samples": static_samples, "totals": static_totals},
+        "ratio_static_dynamic_join_p50": ratio,
+        # For scale only: a static join that just missed a release waits a whole cycle.
+        "ratio_cycle_dynamic_join_p50": (
+            round(opts.cycle_seconds / dynamic_p50, 1) if dynamic_p50 else None
+        ),
+    }
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
+    """Each target of the issue: True met, False missed, None not measured."""
+    dynamic = result["dynamic"]
+
+    def below(value: float | None, limit: float) -> bool | None:
+        return None if value is None else value < limit
+
+    def clean(t: dict[str, Any] | None) -> bool | None:
+        return None if t is None else t["lost"] == 0 and t["reordered"] == 0
+
+    ratio = result["ratio_static_dynamic_join_p50"]
+    return {
+        "join_p99_below_1s": below(dynamic["join"]["p99"], TARGET_JOIN_P99),
+        "crash_p99_below_1s": below(dynamic["crash"]["p99"], TARGET_CRASH_P99),
+        "planned_pause_p99_below_100ms": below(dynamic["planned"]["p99"], TARGET_PLANNED_P99),
+        "static_over_dynamic_at_least_30x": None if ratio is None else ratio >= TARGET_RATIO,
+        "dynamic_nothing_lost_or_reordered": clean(dynamic["totals"]),
+        "static_nothing_lost_or_reordered": clean(result["static"]["totals"]),
+    }
+
+
+def summary_text(opts: Options, result: dict[str, Any], wall_s: float) -> str:
+    """The final block: one row per latency (p50 / p99 / max / n), then totals and targets."""
+    dynamic, static = result["dynamic"], result["static"]
+    counts = dynamic["counts"]
+    rows = [
+        ("join: start -> first record", dynamic["join"]),
+        ("  start -> 'joined' in its log", dynamic["join_start_to_joined"]),
+        ("  'joined' -> first record", dynamic["join_joined_to_first"]),
+        ("crash: kill -9 -> first record, per queue", dynamic["crash"]),
+        ("  kill -9 -> 'is gone' (first survivor)", dynamic["crash_kill_to_gone"]),
+        ("  'is gone' -> first record", dynamic["crash_gone_to_first"]),
+        ("crash: kill -9 -> all its queues back", dynamic["crash_all_queues"]),
+        ("planned handover pause, per queue", dynamic["planned"]),
+        ("  after a join", dynamic["planned_join"]),
+        ("  after a SIGTERM leave", dynamic["planned_leave"]),
+        (f"static join (cycle {opts.cycle_seconds:g} s)", static["join"]),
+    ]
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    lines = [
+        f"{opts.rate:g} events/s, {opts.keys} keys, HC {opts.hash_count}, QC {opts.queues}; "
+        f"{counts['join']} joins, {counts['kill']} kills, {counts['leave']} leaves; "
+        f"{len(static['samples'])} static joins; seed {opts.seed}; {wall_s:.0f} s wall",
+        f"{'seconds':44}{'p50':>8}{'p99':>8}{'max':>8}{'n':>5}",
+    ]
+    for label, s in rows:
+        lines.append(
+            f"{label:44}{cell(s['p50']):>8}{cell(s['p99']):>8}{cell(s['max']):>8}{s['n']:>5}"
+        )
+    lines.append(
+        f"machine CPU busy: {dynamic['machine_busy_pct']} % during the rounds, "
+        f"{result['machine_busy_pct']} % over the run ({result['cpus']} CPUs); "
+        f"CPU s of processes this run did not start: {result['other_cpu_s']}"
+    )
+    missing = dynamic["missing"]
+    if missing["join"] or missing["crash"]:
+        lines.append(f"not measured (no record seen): {missing}")
+    for label, t in (("dynamic", dynamic["totals"]), ("static", static["totals"])):
+        if t is not None:
+            lines.append(
+                f"{label} totals: published {t['published']} unique {t['unique']} lost {t['lost']} "
+                f"reordered {t['reordered']} duplicates {t['duplicates']} "
+                f"dead-lettered {t['dead_lettered']}"
+            )
+    lines.append(
+        f"ratio static / dynamic join p50: {result['ratio_static_dynamic_join_p50']} "
+        f"(a whole static cycle / dynamic join p50: {result['ratio_cycle_dynamic_join_p50']})"
+    )
+    names = {
+        "join_p99_below_1s": "join p99 < 1 s",
+        "crash_p99_below_1s": "crash p99 < 1 s",
+        "planned_pause_p99_below_100ms": "planned pause p99 < 100 ms",
+        "static_over_dynamic_at_least_30x": f"static / dynamic join >= {TARGET_RATIO:g}x",
+        "dynamic_nothing_lost_or_reordered": "dynamic: 0 lost, 0 reordered",
+        "static_nothing_lost_or_reordered": "static: 0 lost, 0 reordered",
+    }
+    for key, met in result["targets"].items():
+        state = {True: "met", False: "MISSED", None: "not measured"}[met]
+        lines.append(f"target {names[key]:36} {state}")
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=1),
+    default=1000.0,
+    show_default=True,
+    help="Events/s of the steady publisher (both groups).",
+)
+@click.option(
+    "--keys", type=click.IntRange(min=1), default=100, show_default=True, help="Publisher keys."
+)
+@click.option(
+    "--hash-count", type=click.IntRange(min=1), default=64, show_default=True, help="Buckets HC."
+)
+@click.option(
+    "--queues", type=click.IntRange(min=2), default=8, show_default=True, help="Queue count QC."
+)
+@click.option(
+    "--members",
+    type=click.IntRange(min=2),
+    default=2,
+    show_default=True,
+    help="Dynamic members between rounds (a round adds up to 2 and removes them).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Rounds of join, wait, kill -9, wait: this many kills; as many joins, plus one per leave.",
+)
+@click.option(
+    "--leave-every",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Every Nth round also joins a second member and SIGTERMs one (0: never).",
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Seconds to wait after each join (first record) and each removal.",
+)
+@click.option(
+    "--static-samples",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Static-mode joins to time (0: skip the static mode).",
+)
+@click.option(
+    "--cycle-seconds",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Static mode: how often a client releases its secondary queues.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    help="Seeds the choice of victims and the static join times [default: a random seed, "
+    "printed with the result].",
+)
+@click.option("--broker-url", help="Use this NATS server [default: an embedded one, temp dir].")
+@click.option("--keep-logs", is_flag=True, help="Keep the daemons' logs even after a clean run.")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line of every figure.")
+def main(
+    rate: float,
+    keys: int,
+    hash_count: int,
+    queues: int,
+    members: int,
+    rounds: int,
+    leave_every: int,
+    settle: float,
+    static_samples: int,
+    cycle_seconds: float,
+    seed: int | None,
+    broker_url: str | None,
+    keep_logs: bool,
+    as_json: bool,
+) -> None:
+    """Join, crash and planned-handover latency of dynamic membership, and static join."""
+
+    def echo(text: str) -> None:
+        click.echo(text, err=True)
+
+    try:
+        GroupConfig(hash_prefix="bench", hash_count=hash_count, queue_count=queues)
+    except GroupConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if members + 2 > queues:
+        raise click.UsageError(f"--members {members} needs --queues >= {members + 2}")
+    if seed is None:
+        seed = random.SystemRandom().randrange(1, 2**31)
+    workdir = Path(tempfile.mkdtemp(prefix="lbg-rebalance-"))
+    logging.basicConfig(
+        filename=workdir / "bench.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    logging.getLogger("lbg.validator").setLevel(logging.WARNING)
+    server: EmbeddedNats | None = None
+    done = False
+    started = time.monotonic()
+    busy_before, ours_before = machine_busy_seconds(), our_cpu_seconds()
+    echo(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    try:
+        if broker_url is None:
+            server = EmbeddedNats(workdir / "nats")
+            broker_url = server.start()
+            echo(f"embedded nats-server (pid {server.pid}) at {broker_url}; logs in {workdir}")
+        opts = Options(
+            broker_url=broker_url,
+            rate=rate,
+            keys=keys,
+            hash_count=hash_count,
+            queues=queues,
+            members=members,
+            rounds=rounds,
+            leave_every=leave_every,
+            settle=settle,
+            static_samples=static_samples,
+            cycle_seconds=cycle_seconds,
+            seed=seed,
+            workdir=workdir,
+        )
+        result = uvloop.run(run_all(opts, echo))
+        done = True
+    except (BenchError, BrokerError, BrokerStartError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        echo("interrupted: stopping everything this run started")
+        sys.exit(130)
+    finally:
+        if server is not None:
+            server.stop()
+        if done and not keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            echo(f"logs kept in {workdir}")
+    wall_s = time.monotonic() - started
+    busy = machine_busy_seconds() - busy_before
+    result["targets"] = verdicts(result)
+    result["wall_s"] = round(wall_s, 1)
+    result["cpus"] = os.cpu_count()
+    result["machine_busy_pct"] = round(100 * busy / (wall_s * (os.cpu_count() or 1)), 1)
+    result["other_cpu_s"] = round(busy - (our_cpu_seconds() - ours_before), 1)
+    result["options"] = {
+        "rate": rate,
+        "keys": keys,
+        "hash_count": hash_count,
+        "queues": queues,
+        "rounds": rounds,
+        "leave_every": leave_every,
+        "settle": settle,
+        "static_samples": static_samples,
+        "cycle_seconds": cycle_seconds,
+        "seed": seed,
+    }
+    click.echo(summary_text(opts, result, wall_s))
+    if as_json:
+        click.echo(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
