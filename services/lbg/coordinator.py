@@ -6,6 +6,9 @@ It then only steers: it prefers the queues assigned to it, releases a queue once
 owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
 for the broker's timeout, and fences itself when its own heartbeats stopped (it was stalled).
 The broker's exclusivity keeps correctness whatever the views say.
+
+An operator's planned move (`lbg move`) pins a queue to a member on top of that assignment,
+for as long as the member is alive and active; see operator.py.
 """
 
 from __future__ import annotations
@@ -16,10 +19,20 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from lbg.assignment import balanced_assignment
 from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.membership import Heartbeat, MembershipView, MemberState
 from lbg.messages import MalformedMessage
+from lbg.operator import (
+    GOSSIP_SECONDS,
+    ControlMessage,
+    Move,
+    Override,
+    OverrideBook,
+    Probe,
+    assign_with_overrides,
+    decode_control,
+    encode_gossip,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +65,9 @@ class Coordinator:
         self._unknown: dict[int, str] = {}
         self._last_beat = clock()
         self._unsubscribe: Callable[[], object] | None = None
+        self.overrides = OverrideBook(clock)
+        self._last_gossip = -float("inf")
+        self._gossip_soon = False
 
     @property
     def lease(self) -> float:
@@ -79,6 +95,7 @@ class Coordinator:
     async def leave(self) -> None:
         """Announce leaving: the others take this member's queues as it releases them."""
         self.state = MemberState.LEAVING
+        self._drop_overrides(self.member, "leaving")
         self.rebalance()
         await self._beat()
 
@@ -109,14 +126,20 @@ class Coordinator:
                 self._clock() - self._last_beat,
             )
             self._fence_all("own heartbeats lapsed (this member was stalled)")
+            # The others count this member as gone: so do the overrides that pin queues to it.
+            self._drop_overrides(self.member, "own heartbeats lapsed")
         now = self._clock()
         for heartbeat in self.view.expire():
             log.info("member %s is gone (lease lapsed)", heartbeat.member)
             self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
+            self._drop_overrides(heartbeat.member, "gone")
+        for override in self.overrides.drop_unknown(self._known, self.lease):
+            log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
         self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
         self.rebalance()
         await self._evict_gone_owners()
         await self._beat()
+        await self._gossip()
 
     def _fence_all(self, reason: str) -> None:
         for binding in self._bindings.values():
@@ -125,6 +148,10 @@ class Coordinator:
 
     def _receive(self, body: bytes) -> None:
         try:
+            control = decode_control(body)
+            if control is not None:
+                self._on_control(control)
+                return
             heartbeat = Heartbeat.decode(body)
         except MalformedMessage as exc:
             log.warning("ignored a control message: %s", exc)
@@ -133,6 +160,10 @@ class Coordinator:
             return
         before = self.view.heartbeat_of(heartbeat.member)
         self.view.observe(heartbeat)
+        if before is None:
+            self._gossip_soon = True
+        if heartbeat.state is MemberState.LEAVING:
+            self._drop_overrides(heartbeat.member, "leaving")
         if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
             self.rebalance()
 
@@ -151,9 +182,50 @@ class Coordinator:
                 del current[queue]
         return current
 
+    def _on_control(self, control: ControlMessage) -> None:
+        """An operator's move, or another member's overrides: keep the newest per queue."""
+        if isinstance(control, Probe):
+            self._gossip_soon = True
+            return
+        if isinstance(control, Move):
+            taken = [control.override] if self.overrides.offer(control.override) else []
+            retired: list[Override] = []
+        else:
+            taken, retired, behind = self.overrides.merge(control)
+            self._gossip_soon = self._gossip_soon or behind
+        for override in taken:
+            log.info("override: queue %d -> %s (planned move)", override.queue, override.to)
+        for override in retired:
+            log.info("override queue %d -> %s dropped by the others", override.queue, override.to)
+        if taken or retired:
+            self.rebalance()
+
+    def _drop_overrides(self, member: str, why: str) -> None:
+        for override in self.overrides.drop_member(member):
+            log.info("override queue %d -> %s dropped: %s", override.queue, member, why)
+
+    def _known(self, member: str) -> bool:
+        return member == self.member or self.view.heartbeat_of(member) is not None
+
+    async def _gossip(self) -> None:
+        """Repeat the overrides now and then, and soon when someone needs to catch up."""
+        now = self._clock()
+        due = self._gossip_soon or (
+            len(self.overrides) > 0 and now - self._last_gossip >= GOSSIP_SECONDS
+        )
+        dropped = self.overrides.dropped()
+        self._gossip_soon = False
+        if not due or not (self.overrides or dropped):
+            return
+        body = encode_gossip(self.member, self.overrides.all(), dropped)
+        await self._broker.publish_control(self._group, body)
+        self._last_gossip = now
+
     def rebalance(self) -> None:
         """Recompute the assignment and steer the bindings towards it."""
-        self.desired = balanced_assignment(len(self._bindings), self._members(), self._current())
+        members = self._members()
+        pinned = self.overrides.active(members)
+        self.desired = assign_with_overrides(len(self._bindings), members, self._current(), pinned)
         for queue, binding in self._bindings.items():
             owner = self.desired.get(queue)
             binding.set_preferred(owner == self.member)

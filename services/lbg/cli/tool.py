@@ -1,7 +1,9 @@
-"""lbg: the umbrella tool: hash keys, run the embedded broker, play the demo."""
+"""lbg: the umbrella tool: hash keys, run the embedded broker, play the demo, and the operator
+commands on a running group (status, route, move)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -11,14 +13,27 @@ from pathlib import Path
 import click
 import orjson
 
-from lbg.cli.common import EXIT_USAGE, EXPECTED_ERRORS, fail, setup_logging
+from lbg.cli.common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    EXPECTED_ERRORS,
+    broker_option,
+    config_option,
+    default_id,
+    fail,
+    group_option,
+    load,
+    run,
+    setup_logging,
+    verbose_option,
+)
 from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Tools around sticky load-balanced groups (the daemons are cg-admin, hashed-publisher,
-    lbg-client and validation-client)."""
+    lbg-client and validation-client): status, route and move operate a running group."""
 
 
 @main.command(name="hash")
@@ -177,3 +192,198 @@ def demo(
     if as_json:
         click.echo(orjson.dumps(report.to_dict() | {"ok": report.ok}).decode())
     sys.exit(0 if report.ok else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator commands: they listen to the group's control channel like a member, and never join.
+
+DEFAULT_LISTEN = 0.5
+
+
+def _operator_options(command):
+    options = [
+        config_option,
+        broker_option,
+        group_option,
+        click.option(
+            "--listen",
+            type=click.FloatRange(min=0.05),
+            help=f"Seconds to listen for heartbeats [default: {DEFAULT_LISTEN}, or 3 heartbeat "
+            "intervals if the config's [client] heartbeat_interval makes that longer].",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
+        verbose_option,
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _operator_settings(
+    config_path: str | None, broker_url: str | None, group_name: str | None, listen: float | None
+):
+    from lbg.operator import OperatorConfig
+
+    settings = load(
+        config_path, OperatorConfig, {"broker.url": broker_url, "group.name": group_name}
+    )
+    if listen is None:
+        listen = max(DEFAULT_LISTEN, 3 * settings.client.heartbeat_interval)
+    return settings, listen
+
+
+def _run_with_broker(settings, action) -> None:
+    from lbg.broker import connect_broker
+
+    async def main(_stop) -> int:
+        broker = await connect_broker(settings.broker, default_id("lbg"))
+        try:
+            return await action(broker)
+        finally:
+            await broker.close()
+
+    run(main)
+
+
+def _print_json(document: object) -> None:
+    sys.stdout.write(orjson.dumps(document).decode() + "\n")
+
+
+@main.command()
+@_operator_options
+def status(
+    config_path: str | None,
+    broker_url: str | None,
+    group_name: str | None,
+    listen: float | None,
+    as_json: bool,
+    verbose: int,
+) -> None:
+    """Show a running group: its members (active / leaving / stalled) and, per queue, its
+    buckets, backlog, in-flight messages, the member serving it and the member it is assigned
+    to. Notes: moving (they differ), draining (its server is leaving or stalled), unserved
+    (nobody serves it but it has messages), idle (nobody serves it and it is empty: the broker
+    pins a consumer only on delivery), pinned (by lbg move).
+
+    Listens to the members' heartbeats for --listen seconds. For a static-mode group (no
+    heartbeats) the serving client is the broker's active consumer.
+    """
+    from lbg.operator import read_status
+
+    setup_logging(verbose, quiet=not verbose)
+    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+
+    async def action(broker) -> int:
+        group_status = await read_status(broker, settings.group.name, seconds)
+        if as_json:
+            _print_json(group_status.to_dict())
+        else:
+            click.echo(group_status.to_text())
+        return 0
+
+    _run_with_broker(settings, action)
+
+
+@main.command()
+@_operator_options
+@click.argument("keys", nargs=-1, required=True)
+def route(
+    config_path: str | None,
+    broker_url: str | None,
+    group_name: str | None,
+    listen: float | None,
+    as_json: bool,
+    verbose: int,
+    keys: tuple[str, ...],
+) -> None:
+    """Where each KEY goes in a running group: one line per key, tab-separated: key, bucket
+    (the group's hash function), queue, and the member serving that queue now ('-': none)."""
+    from lbg.messages import MalformedMessage, check_key
+    from lbg.operator import read_status, routes
+
+    setup_logging(verbose, quiet=not verbose)
+    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+    for key in keys:
+        try:
+            check_key(key)
+        except MalformedMessage as exc:
+            fail(f"key {key!r}: {exc}", EXIT_USAGE)
+
+    async def action(broker) -> int:
+        group_status = await read_status(broker, settings.group.name, seconds)
+        try:
+            found = routes(group_status, keys)
+        except HashKeyError as exc:
+            fail(str(exc), EXIT_USAGE)
+        if as_json:
+            _print_json([dataclasses.asdict(r) for r in found])
+            return 0
+        for r in found:
+            click.echo(f"{r.key}\t{r.bucket}\t{r.queue}\t{r.owner or '-'}")
+        return 0
+
+    _run_with_broker(settings, action)
+
+
+@main.command()
+@_operator_options
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the member to serve the queue; exit 1 after that.",
+)
+@click.argument("queue", type=int)
+@click.argument("client")
+def move(
+    config_path: str | None,
+    broker_url: str | None,
+    group_name: str | None,
+    listen: float | None,
+    as_json: bool,
+    verbose: int,
+    timeout: float,
+    queue: int,
+    client: str,
+) -> None:
+    """Move QUEUE to the member CLIENT of a dynamic group: a planned handover (the current
+    server finishes and acks what it has, then releases the queue to CLIENT).
+
+    The queue stays pinned to CLIENT while it is alive and active (the other queues are
+    rebalanced around it); the pin ends when CLIENT leaves or dies. Waits until CLIENT's
+    heartbeats say it serves the queue and prints how long that took.
+    """
+    from lbg.operator import MoveRefused, move_queue
+
+    setup_logging(verbose, quiet=not verbose)
+    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+
+    async def action(broker) -> int:
+        try:
+            result = await move_queue(broker, settings.group.name, queue, client, seconds, timeout)
+        except MoveRefused as exc:
+            fail(str(exc), EXIT_USAGE)
+        if as_json:
+            _print_json(result.to_dict())
+        if not result.done:
+            fail(
+                f"queue {queue} not served by {client} after {timeout:g}s "
+                f"(serving now: {result.now or 'nobody'})",
+                EXIT_FAILURE,
+            )
+        if not as_json:
+            if result.was == client:
+                click.echo(f"queue {queue}: already served by {client}; now pinned there")
+            elif result.idle:
+                click.echo(
+                    f"queue {queue}: {result.was or 'nobody'} -> {client} in "
+                    f"{result.seconds:.2f}s (empty: {client} takes its next message)"
+                )
+            else:
+                click.echo(
+                    f"queue {queue}: {result.was or 'nobody'} -> {client} in {result.seconds:.2f}s"
+                )
+        return 0
+
+    _run_with_broker(settings, action)

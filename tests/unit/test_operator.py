@@ -1,0 +1,425 @@
+"""Planned moves and the operator's view: control messages, overrides, assignment, status."""
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lbg.assignment import balanced_assignment
+from lbg.broker.base import QueueStatus
+from lbg.coordinator import Coordinator
+from lbg.group import GroupConfig
+from lbg.hashing import bucket_for
+from lbg.membership import Heartbeat, MemberState
+from lbg.messages import MalformedMessage
+from lbg.operator import (
+    Move,
+    MoveRefused,
+    Override,
+    OverrideBook,
+    OverrideGossip,
+    Probe,
+    assign_with_overrides,
+    check_move,
+    decode_control,
+    encode_gossip,
+    encode_move,
+    encode_probe,
+    group_status,
+    routes,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(member: str, state=MemberState.ACTIVE, owns=(), wants=()) -> Heartbeat:
+    return Heartbeat(member, state, {q: f"pin-{member}-{q}" for q in owns}, frozenset(wants))
+
+
+# --- control messages -------------------------------------------------------------------------
+
+
+def test_a_move_round_trips_and_is_not_a_heartbeat() -> None:
+    body = encode_move(Override(2, "client-b", 1700000000.5))
+    assert decode_control(body) == Move(Override(2, "client-b", 1700000000.5))
+    with pytest.raises(MalformedMessage):
+        Heartbeat.decode(body)
+
+
+def test_gossip_and_probe_round_trip_and_are_not_heartbeats() -> None:
+    overrides = (Override(0, "a", 1.0), Override(3, "b", 2.0))
+    gossip = encode_gossip("c", overrides, {1: 0.5})
+    assert decode_control(gossip) == OverrideGossip("c", overrides, ((1, 0.5),))
+    assert decode_control(encode_probe("lbg")) == Probe("lbg")
+    for body in (gossip, encode_probe("lbg")):
+        with pytest.raises(MalformedMessage):
+            Heartbeat.decode(body)
+
+
+@pytest.mark.parametrize(
+    "body", [beat("a", owns=[1], wants=[2]).encode(), b"not json", b"[1, 2]", b'{"m": "a"}']
+)
+def test_anything_else_is_left_to_the_heartbeat_decoder(body: bytes) -> None:
+    assert decode_control(body) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"move": 3}',
+        b'{"move": {"queue": -1, "to": "a", "at": 1}}',
+        b'{"move": {"queue": true, "to": "a", "at": 1}}',
+        b'{"move": {"queue": 1, "to": "", "at": 1}}',
+        b'{"move": {"queue": 1, "to": 7, "at": 1}}',
+        b'{"move": {"queue": 1, "to": "a"}}',
+        b'{"move": {"queue": 1, "to": "a", "at": "soon"}}',
+        b'{"overrides": [], "from": "a"}',
+        b'{"overrides": {"x": {"to": "a", "at": 1}}, "from": "a"}',
+        b'{"overrides": {}}',
+        b'{"overrides": {}, "dropped": {"1": "x"}, "from": "a"}',
+        b'{"overrides": {}, "dropped": [], "from": "a"}',
+        b'{"probe": 1}',
+    ],
+)
+def test_a_malformed_operator_message_is_rejected(body: bytes) -> None:
+    with pytest.raises(MalformedMessage):
+        decode_control(body)
+
+
+# --- the override book ------------------------------------------------------------------------
+
+
+def test_the_newest_override_of_a_queue_wins_and_a_dropped_one_never_returns() -> None:
+    book = OverrideBook(Clock())
+    assert book.offer(Override(1, "a", 10.0))
+    assert not book.offer(Override(1, "b", 9.0)), "an older move must not win"
+    assert not book.offer(Override(1, "a", 10.0)), "a repeat changes nothing"
+    assert book.offer(Override(1, "b", 11.0))
+    assert book.active(["a", "b"]) == {1: "b"}
+    assert book.drop_member("b") == [Override(1, "b", 11.0)]
+    assert not book.offer(Override(1, "b", 11.0)), "gossip must not bring a dropped one back"
+    assert book.active(["a", "b"]) == {}
+    assert book.offer(Override(1, "b", 12.0)), "a newer move does"
+    assert book.newest() == 12.0
+
+
+def test_an_override_applies_only_while_its_member_is_among_the_members() -> None:
+    book = OverrideBook(Clock())
+    book.offer(Override(0, "a", 1.0))
+    book.offer(Override(2, "c", 1.0))
+    assert book.active(["a", "b"]) == {0: "a"}
+    assert [o.queue for o in book.all()] == [0, 2]
+
+
+def test_merging_gossip_takes_newer_overrides_retires_dropped_ones_and_spots_laggards() -> None:
+    book = OverrideBook(Clock())
+    book.offer(Override(0, "a", 5.0))
+    book.offer(Override(1, "b", 5.0))
+    book.drop_member("b")
+    assert book.dropped() == {1: 5.0}
+    taken, retired, behind = book.merge(
+        OverrideGossip("x", (Override(2, "c", 1.0), Override(0, "a", 5.0)), ((0, 5.0),))
+    )
+    assert taken == [Override(2, "c", 1.0)]
+    assert retired == [Override(0, "a", 5.0)], "the others dropped it: so does this member"
+    assert behind, "the sender still repeats an override that was dropped"
+    assert [o.queue for o in book.all()] == [2]
+    assert not book.merge(OverrideGossip("y", (Override(2, "c", 1.0),)))[2], "same word"
+    assert book.merge(OverrideGossip("y", (Override(1, "b", 5.0),)))[2]
+    assert book.merge(OverrideGossip("y", (Override(2, "c", 0.5),)))[2], "superseded"
+
+
+def test_an_override_of_a_member_nobody_heard_of_is_dropped_after_the_grace() -> None:
+    clock = Clock()
+    book = OverrideBook(clock)
+    book.offer(Override(0, "ghost", 1.0))
+    book.offer(Override(1, "a", 1.0))
+    assert book.drop_unknown(lambda m: m == "a", grace=0.7) == []
+    clock.now += 1.0
+    assert book.drop_unknown(lambda m: m == "a", grace=0.7) == [Override(0, "ghost", 1.0)]
+    assert book.active(["a", "ghost"]) == {1: "a"}
+
+
+# --- assignment with overrides ----------------------------------------------------------------
+
+
+@st.composite
+def scenario(draw):
+    queue_count = draw(st.integers(min_value=1, max_value=16))
+    members = draw(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=7, unique=True))
+    current = draw(st.dictionaries(st.integers(0, queue_count - 1), st.sampled_from(members)))
+    return queue_count, members, current
+
+
+@given(scenario())
+def test_with_no_overrides_it_is_the_balanced_assignment(case) -> None:
+    queue_count, members, current = case
+    assert assign_with_overrides(queue_count, members, current, {}) == balanced_assignment(
+        queue_count, members, current
+    )
+
+
+@given(scenario(), st.data())
+def test_an_overridden_queue_goes_to_its_member_and_the_rest_stays_balanced(case, data) -> None:
+    queue_count, members, current = case
+    pinned_members = data.draw(
+        st.lists(st.sampled_from(members), unique=True, max_size=min(len(members), queue_count))
+    )
+    queues = data.draw(
+        st.lists(
+            st.integers(0, queue_count - 1),
+            min_size=len(pinned_members),
+            max_size=len(pinned_members),
+            unique=True,
+        )
+    )
+    overrides = dict(zip(queues, pinned_members, strict=False))
+    result = assign_with_overrides(queue_count, members, current, overrides)
+    assert sorted(result) == list(range(queue_count))
+    assert all(result[q] == m for q, m in overrides.items())
+    loads = [list(result.values()).count(m) for m in members]
+    if len(members) <= queue_count:
+        assert max(loads) - min(loads) <= 1, (overrides, result)
+    else:
+        assert max(loads) <= 1
+    again = assign_with_overrides(queue_count, list(reversed(members)), result, overrides)
+    assert again == result, "once reached, the assignment must stay put"
+
+
+def test_a_move_is_a_swap_when_the_target_must_shed_a_queue() -> None:
+    current = {0: "a", 1: "a", 2: "b", 3: "b"}
+    result = assign_with_overrides(4, ["a", "b"], current, {0: "b"})
+    assert result == {0: "b", 1: "a", 2: "b", 3: "a"}
+
+
+def test_a_move_to_an_idle_member_moves_only_that_queue() -> None:
+    current = {0: "a", 1: "a", 2: "b", 3: "b"}
+    result = assign_with_overrides(4, ["a", "b", "c"], current, {3: "c"})
+    assert result == {0: "a", 1: "a", 2: "b", 3: "c"}
+
+
+def test_overrides_of_absent_members_or_queues_out_of_range_are_ignored() -> None:
+    current = {0: "a", 1: "b"}
+    assert assign_with_overrides(2, ["a", "b"], current, {0: "gone", 5: "a"}) == current
+
+
+# --- the coordinator applies moves ------------------------------------------------------------
+
+
+class FakeBinding:
+    def __init__(self, queue: int, active: bool = False) -> None:
+        self.queue = queue
+        self.active = active
+        self.pin = f"pin-me-{queue}" if active else None
+        self.waiting = False
+        self.preferred = False
+
+    def set_preferred(self, preferred: bool) -> None:
+        self.preferred = preferred
+        self.waiting = preferred and not self.active
+
+    async def pinned_by(self) -> str | None:
+        return None
+
+    def fence(self, reason: str) -> None:
+        self.active = False
+
+    def suspend(self, suspended: bool) -> None:
+        pass
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def publish_control(self, group: str, body: bytes) -> None:
+        self.sent.append(body)
+
+
+def coordinator(clock: Clock, active: tuple[int, ...] = ()):
+    broker = FakeBroker()
+    bindings = {q: FakeBinding(q, q in active) for q in range(4)}
+    released: list[int] = []
+    coord = Coordinator(
+        broker, "g", "me", bindings, released.append, interval=0.15, lease=0.7, clock=clock
+    )
+    return coord, broker, bindings, released
+
+
+def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> None:
+    clock = Clock()
+    coord, _broker, bindings, released = coordinator(clock, active=(0, 1))
+    coord._receive(beat("other", owns=[2, 3]).encode())
+    coord.rebalance()
+    assert coord.desired == {0: "me", 1: "me", 2: "other", 3: "other"}
+    coord._receive(encode_move(Override(0, "other", 5.0)))
+    assert coord.desired[0] == "other"
+    assert coord.desired[3] == "me", "the target sheds a queue to keep the shares even"
+    assert bindings[3].preferred and not bindings[0].preferred
+    assert released == [], "no release before the target stands ready"
+    coord._receive(beat("other", owns=[2, 3], wants=[0]).encode())
+    assert released == [0]
+
+
+def test_the_coordinator_repeats_its_overrides_and_answers_a_probe() -> None:
+    clock = Clock()
+    coord, broker, _bindings, _released = coordinator(clock)
+    coord._receive(beat("other").encode())
+    asyncio.run(coord.tick())
+    assert not [b for b in broker.sent if decode_control(b)], "nothing to repeat yet"
+    coord._receive(encode_move(Override(1, "other", 5.0)))
+    asyncio.run(coord.tick())
+    gossip = [decode_control(b) for b in broker.sent if decode_control(b)]
+    assert gossip == [OverrideGossip("me", (Override(1, "other", 5.0),))]
+    broker.sent.clear()
+    clock.now += 0.15
+    coord._receive(beat("other").encode())
+    asyncio.run(coord.tick())
+    assert not [b for b in broker.sent if decode_control(b)], "at most once a second"
+    coord._receive(encode_probe("lbg"))
+    clock.now += 0.15
+    coord._receive(beat("other").encode())
+    asyncio.run(coord.tick())
+    assert [b for b in broker.sent if decode_control(b)], "a probe is answered at the next beat"
+
+
+def test_a_later_member_learns_overrides_from_gossip() -> None:
+    coord, _broker, _bindings, _released = coordinator(Clock())
+    coord._receive(beat("other").encode())
+    coord._receive(encode_gossip("other", [Override(2, "me", 3.0), Override(1, "other", 3.0)]))
+    assert coord.desired[2] == "me" and coord.desired[1] == "other"
+
+
+def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
+    clock = Clock()
+    coord, _broker, _bindings, _released = coordinator(clock)
+    for member in ("x", "y"):
+        coord._receive(beat(member).encode())
+    coord._receive(encode_move(Override(0, "x", 1.0)))
+    coord._receive(encode_move(Override(1, "y", 1.0)))
+    coord._receive(beat("x", MemberState.LEAVING).encode())
+    assert [o.to for o in coord.overrides.all()] == ["y"]
+    clock.now += 1.0  # y's lease lapses
+    asyncio.run(coord.tick())
+    assert coord.overrides.all() == []
+    assert set(coord.desired.values()) == {"me"}
+    coord._receive(encode_gossip("z", [Override(1, "y", 1.0)]))
+    assert coord.overrides.all() == [], "a stale repeat does not bring it back"
+
+
+def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
+    clock = Clock()
+    coord, broker, _bindings, _released = coordinator(clock)
+    coord._receive(beat("x").encode())
+    coord._receive(encode_move(Override(0, "x", 1.0)))
+    clock.now += 1.0  # x's lease lapses: dropped here
+    coord._receive(beat("late").encode())
+    asyncio.run(coord.tick())
+    broker.sent.clear()
+    clock.now += 0.15
+    coord._receive(beat("late").encode())
+    coord._receive(encode_gossip("late", [Override(0, "x", 1.0)]))  # late was cut off
+    asyncio.run(coord.tick())
+    replies = [m for b in broker.sent if isinstance(m := decode_control(b), OverrideGossip)]
+    assert replies == [OverrideGossip("me", (), ((0, 1.0),))]
+    other, *_ = coordinator(Clock())
+    other._receive(beat("x").encode())
+    other._receive(encode_move(Override(0, "x", 1.0)))
+    other._receive(encode_gossip("me", [], {0: 1.0}))
+    assert other.overrides.all() == []
+
+
+def test_a_member_whose_own_heartbeats_lapsed_drops_the_overrides_to_itself() -> None:
+    clock = Clock()
+    coord, _broker, _bindings, _released = coordinator(clock)
+    coord._receive(encode_move(Override(0, "me", 1.0)))
+    clock.now += 5.0  # SIGSTOP: the others counted it gone and dropped the override
+    coord._receive(beat("other").encode())
+    asyncio.run(coord.tick())
+    assert coord.overrides.all() == []
+
+
+def test_a_leaving_member_drops_the_overrides_that_pin_queues_to_it() -> None:
+    coord, _broker, _bindings, _released = coordinator(Clock())
+    coord._receive(beat("other").encode())
+    coord._receive(encode_move(Override(0, "me", 1.0)))
+    asyncio.run(coord.leave())
+    assert coord.overrides.all() == []
+
+
+# --- status, route, move checks ---------------------------------------------------------------
+
+CONFIG = GroupConfig(hash_prefix="orders", hash_count=8, queue_count=4)
+
+
+def statuses(active=None) -> list[QueueStatus]:
+    active = active or {}
+    return [
+        QueueStatus(q, f"g/q{q}", CONFIG.buckets_for_queue(q), 5 * q, q, active.get(q))
+        for q in range(4)
+    ]
+
+
+def test_status_of_a_static_group_shows_the_brokers_active_clients() -> None:
+    status = group_status("g", CONFIG, statuses({0: "s0", 1: "s1"}), {}, OverrideBook(), 0.5)
+    assert not status.dynamic
+    assert [q.serving for q in status.queues] == ["s0", "s1", None, None]
+    assert [q.assigned for q in status.queues] == [None] * 4
+    assert "no dynamic members heard" in status.to_text()
+
+
+def test_status_marks_moving_draining_idle_and_pinned_queues() -> None:
+    heartbeats = {
+        "a": beat("a", owns=[0, 1, 2]),
+        "b": beat("b", owns=[]),
+        "c": beat("c", MemberState.LEAVING, owns=[3]),
+    }
+    book = OverrideBook()
+    book.offer(Override(1, "b", 1.0))
+    status = group_status("g", CONFIG, statuses({0: "a", 3: "c"}), heartbeats, book, 0.5)
+    rows = status.queues
+    assert [m.state for m in status.members] == ["active", "active", "leaving"]
+    assert [q.serving for q in rows] == ["a", "a", "a", "c"]
+    assert rows[1].assigned == "b" and rows[1].marker == "moving" and rows[1].pinned == "b"
+    assert rows[3].marker == "draining"
+    assert sorted(q.assigned for q in rows) == ["a", "a", "b", "b"]
+    assert status.to_dict()["overrides"] == {"1": "b"}
+    idle = group_status("g", CONFIG, statuses(), {"a": beat("a")}, OverrideBook(), 0.5)
+    assert [q.marker for q in idle.queues] == ["idle", "unserved", "unserved", "unserved"]
+    assert "pinned" in status.to_text()
+
+
+def test_route_gives_the_bucket_queue_and_owner_of_each_key() -> None:
+    status = group_status(
+        "g", CONFIG, statuses(), {"a": beat("a", owns=[0, 1, 2, 3])}, OverrideBook(), 0.5
+    )
+    (route,) = routes(status, ["order-42"])
+    assert route.bucket == bucket_for("java", "order-42", 8)
+    assert route.queue == route.bucket % 4
+    assert route.owner == "a"
+    with pytest.raises(MalformedMessage):
+        routes(status, [""])
+
+
+def test_a_move_is_refused_for_a_bad_queue_an_unknown_or_inactive_member_or_a_static_group() -> (
+    None
+):
+    heartbeats = {"a": beat("a"), "s": beat("s", MemberState.STALLED)}
+    status = group_status("g", CONFIG, statuses(), heartbeats, OverrideBook(), 0.5)
+    check_move(status, 3, "a")
+    with pytest.raises(MoveRefused, match=r"queue 4 is outside 0\.\.3"):
+        check_move(status, 4, "a")
+    with pytest.raises(MoveRefused, match=r"unknown member 'z' \(heard: a, s\)"):
+        check_move(status, 0, "z")
+    with pytest.raises(MoveRefused, match="is stalled"):
+        check_move(status, 0, "s")
+    static = group_status("g", CONFIG, statuses(), {}, OverrideBook(), 0.5)
+    with pytest.raises(MoveRefused, match="no dynamic members heard"):
+        check_move(static, 0, "a")
