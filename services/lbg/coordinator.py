@@ -36,6 +36,8 @@ from lbg.operator import (
 
 log = logging.getLogger(__name__)
 
+JOIN_LISTEN_SECONDS = 0.1
+
 
 class Coordinator:
     """One member's part in the group's dynamic membership and assignment."""
@@ -68,6 +70,7 @@ class Coordinator:
         self.overrides = OverrideBook(clock)
         self._last_gossip = -float("inf")
         self._gossip_soon = False
+        self._wake = asyncio.Event()
 
     @property
     def lease(self) -> float:
@@ -78,17 +81,22 @@ class Coordinator:
         return self._clock() - self._last_beat < self.lease
 
     async def join(self) -> None:
-        """Listen to the others for two heartbeat intervals, then announce this member."""
+        """Announce this member (claiming and wanting nothing yet); the others answer at once
+        with their heartbeats, so a short wait suffices to learn the view before rebalancing."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
-        await asyncio.sleep(2 * self.interval)
+        await self._beat()
+        await asyncio.sleep(min(2 * self.interval, JOIN_LISTEN_SECONDS))
         await self.tick()
         log.info("member %s joined; members %s", self.member, self._members())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Heartbeat and rebalance every interval until `stop` is set."""
+        """Heartbeat and rebalance every interval (or at once when woken) until `stop` is set."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval)
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+            if stop.is_set():
+                return
             with contextlib.suppress(BrokerError, TimeoutError):
                 await self.tick()
 
@@ -162,6 +170,7 @@ class Coordinator:
         self.view.observe(heartbeat)
         if before is None:
             self._gossip_soon = True
+            self._answer_newcomer()
         if heartbeat.state is MemberState.LEAVING:
             self._drop_overrides(heartbeat.member, "leaving")
         if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
@@ -181,6 +190,10 @@ class Coordinator:
             elif current.get(queue) == self.member:
                 del current[queue]
         return current
+
+    def _answer_newcomer(self) -> None:
+        """Run the next round now, so a member that just joined learns the view at once."""
+        self._wake.set()
 
     def _on_control(self, control: ControlMessage) -> None:
         """An operator's move, or another member's overrides: keep the newest per queue."""
