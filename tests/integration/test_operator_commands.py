@@ -113,7 +113,7 @@ def test_status_of_a_static_group_shows_the_brokers_active_client(
     make_group()
     deployment.start_client("static-0", 0, 1, 600)
     publisher = deployment.start_publisher(
-        "pub", "--keys", "20", "--rate", "200", "--duration", "3"
+        "pub", "--keys", "100", "--rate", "200", "--duration", "10"
     )
     deadline = time.monotonic() + 15
     while True:
