@@ -108,9 +108,6 @@ class LocalDeployment:
         """Start a hashed-publisher with the given flags (keys, rate, duration, ...)."""
         return self.start(name, "hashed-publisher", "--id", name, *args)
 
-    def running_clients(self) -> list[str]:
-        return [n for n, d in self.daemons.items() if n.startswith("client") and d.running]
-
     def stop_all(self, timeout: float = 10.0) -> None:
         """SIGCONT and SIGTERM everything still running, then wait (SIGKILL after timeout)."""
         for daemon in self.daemons.values():

@@ -80,7 +80,7 @@ class Validator:
                 "Sequence number error (%s). key %s expected %d but received %d :: client %s",
                 observation.outcome.value,
                 record.key,
-                self._expected(record.key, record.seq, observation.outcome),
+                self._expected(record.seq, observation.outcome),
                 record.seq,
                 record.client,
             )
@@ -93,7 +93,7 @@ class Validator:
             )
 
     @staticmethod
-    def _expected(key: str, seq: int, outcome: Outcome) -> int:
+    def _expected(seq: int, outcome: Outcome) -> int:
         return seq - 1 if outcome is Outcome.GAP else seq + 1
 
     def _summary(self, message: OutputMessage) -> None:

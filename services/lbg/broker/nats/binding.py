@@ -101,12 +101,8 @@ class NatsQueueBinding(QueueBinding):
             self._running.set()
 
     async def evict(self, pin: str) -> bool:
-        if not self._pinned:
+        if not self._pinned or not await self._unpin_while_held(pin):
             return False
-        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
-        if not any(g.get("pinned_client_id") == pin for g in info.get("priority_groups") or []):
-            return False
-        await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
         log.info("queue %d: evicted gone owner %s", self.queue, pin)
         return True
 
@@ -171,13 +167,17 @@ class NatsQueueBinding(QueueBinding):
             if self._pinned and pin is not None:
                 await self._unpin_if_mine(pin)
 
+    async def _unpin_while_held(self, pin: str | None) -> bool:
+        """UNPIN only while the broker still holds `pin`, so a newer owner is never unseated."""
+        if pin is None or await self.pinned_by() != pin:
+            return False
+        await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
+        return True
+
     async def _unpin_if_mine(self, pin: str | None) -> None:
-        """UNPIN only while the server still pins us, so we never unseat a new owner."""
+        """Hand our own queue back (release, close); a failure only delays the next owner."""
         try:
-            info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
-            groups = info.get("priority_groups") or []
-            if any(g.get("pinned_client_id") == pin for g in groups):
-                await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
+            await self._unpin_while_held(pin)
         except (jsapi.JsApiError, TimeoutError) as exc:
             log.warning("queue %d: unpin failed: %s", self.queue, exc)
 
