@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python < 3.11
 T = TypeVar("T")
 
 PASSWORD_ENV = "LBG_BROKER_PASSWORD"
+ADMIN_PASSWORD_ENV = "LBG_ADMIN_PASSWORD"
 URL_SCHEMES = ("nats", "tls", "amqp", "amqps", "tcp", "tcps", "http", "https")
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -34,6 +35,16 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
 
 class ConfigError(Exception):
     """A configuration problem, described in one line that names its file, key and value."""
+
+
+def _read_secret(key: str, path: str) -> str:
+    """A secret kept in a file (first and only content, stripped); ConfigError if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"[broker] {key}: cannot read {_show(path)} ({reason})") from None
 
 
 def _bounded(
@@ -90,6 +101,11 @@ class BrokerSettings:
     password_file: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
     connect_timeout: float = _bounded(5.0, gt=0)
+    admin_url: str | None = None
+    admin_user: str | None = None
+    admin_password: str | None = dataclasses.field(default=None, repr=False)
+    admin_password_file: str | None = None
+    vpn: str = "default"
 
     def validate(self) -> None:
         """Reject URLs whose scheme no supported broker speaks, or that name no host."""
@@ -99,21 +115,26 @@ class BrokerSettings:
             raise ValueError(
                 f"url: expected <scheme>://<host> with scheme {schemes}; got {_show(self.url)}"
             )
+        if self.admin_url is not None and not re.fullmatch(r"https?://[^/]+.*", self.admin_url):
+            raise ValueError(
+                f"admin_url: expected http(s)://<host>[:port]; got {_show(self.admin_url)}"
+            )
 
     def secret(self) -> str | None:
         """The password: `password`, else `password_file`'s content, else $LBG_BROKER_PASSWORD."""
         if self.password is not None:
             return self.password
         if self.password_file is not None:
-            try:
-                with open(self.password_file, encoding="utf-8") as handle:
-                    return handle.read().strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-                raise ConfigError(
-                    f"[broker] password_file: cannot read {_show(self.password_file)} ({reason})"
-                ) from None
+            return _read_secret("password_file", self.password_file)
         return os.environ.get(PASSWORD_ENV) or None
+
+    def admin_secret(self) -> str | None:
+        """The management password: `admin_password`, its file, else $LBG_ADMIN_PASSWORD."""
+        if self.admin_password is not None:
+            return self.admin_password
+        if self.admin_password_file is not None:
+            return _read_secret("admin_password_file", self.admin_password_file)
+        return os.environ.get(ADMIN_PASSWORD_ENV) or None
 
 
 @dataclasses.dataclass(frozen=True)
