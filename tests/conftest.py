@@ -1,12 +1,16 @@
-"""Session-wide broker fixtures.
+"""Session-wide broker fixtures: one behaviour suite, run against every broker.
 
-`nats_url` is the broker every integration test talks to: by default an embedded nats-server
-(JetStream, file storage under pytest's temporary directory, a free port, never 4222) started
-once per session. `nats_server` is that EmbeddedNats itself, for tests that stop, kill or
-restart the broker; such tests must leave it running (restart() keeps its URL).
+`broker` is parametrized over the brokers under test (LBG_TEST_BROKERS, default
+"nats,rabbitmq"); every test that uses it, or a fixture built on it (make_group, deployment),
+runs once per broker. Each broker is started once per session on free ports, never on the
+machine's own 4222 / 5672:
+- nats: an embedded nats-server (JetStream, file storage under pytest's temp directory).
+  `nats_server` is that EmbeddedNats itself, for tests that stop, kill or restart it.
+- rabbitmq: a private RabbitMQ node (Debian's rabbitmq-server package, management plugin).
 
-Set LBG_TEST_NATS_URL to test against an existing broker instead: `nats_url` returns it and
-tests that need `nats_server` are skipped, since they cannot control that broker's process.
+Existing brokers instead: LBG_TEST_NATS_URL; LBG_TEST_RABBITMQ_URL with
+LBG_TEST_RABBITMQ_ADMIN_URL (the management API). Tests that control the broker process are
+skipped then.
 """
 
 import os
@@ -15,8 +19,14 @@ from collections.abc import Iterator
 import pytest
 
 from lbg.embedded import EmbeddedNats
+from lbg.local_brokers import BrokerEndpoint
+from lbg.local_rabbitmq import LocalRabbitMQ
 
 EXTERNAL_URL_ENV = "LBG_TEST_NATS_URL"
+RABBITMQ_URL_ENV = "LBG_TEST_RABBITMQ_URL"
+RABBITMQ_ADMIN_ENV = "LBG_TEST_RABBITMQ_ADMIN_URL"
+BROKERS_ENV = "LBG_TEST_BROKERS"
+BROKERS = [b.strip() for b in os.environ.get(BROKERS_ENV, "nats,rabbitmq").split(",") if b.strip()]
 
 
 @pytest.fixture(scope="session")
@@ -32,5 +42,34 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
 
 @pytest.fixture(scope="session")
 def nats_url(request: pytest.FixtureRequest) -> str:
-    """URL of the broker under test: $LBG_TEST_NATS_URL, else the embedded one's."""
+    """URL of the NATS broker: $LBG_TEST_NATS_URL, else the embedded one's."""
     return os.environ.get(EXTERNAL_URL_ENV) or request.getfixturevalue("nats_server").url
+
+
+@pytest.fixture(scope="session")
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerEndpoint]:
+    """The session's RabbitMQ: $LBG_TEST_RABBITMQ_URL, else a private node on free ports."""
+    if os.environ.get(RABBITMQ_URL_ENV):
+        yield BrokerEndpoint(
+            "rabbitmq", os.environ[RABBITMQ_URL_ENV], os.environ.get(RABBITMQ_ADMIN_ENV)
+        )
+        return
+    node = LocalRabbitMQ(tmp_path_factory.mktemp("rabbitmq"))
+    node.start()
+    yield BrokerEndpoint("rabbitmq", node.url, node.admin_url)
+    node.stop()
+
+
+@pytest.fixture(scope="session", params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> BrokerEndpoint:
+    """The broker this run of a behaviour test talks to."""
+    if request.param == "nats":
+        return BrokerEndpoint("nats", request.getfixturevalue("nats_url"))
+    if request.param == "rabbitmq":
+        return request.getfixturevalue("rabbitmq")
+    raise pytest.UsageError(f"{BROKERS_ENV}: unknown broker '{request.param}'")
+
+
+@pytest.fixture(scope="session")
+def broker_url(broker: BrokerEndpoint) -> str:
+    return broker.url

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 SYSTEM_PREFIX = "_lbg"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-/:+=@~!,;]")
 
 
 class OutputKind(StrEnum):
@@ -34,3 +36,9 @@ def event_destination(hash_prefix: str, bucket: int, key: str) -> Destination:
 def output_destination(group: str, kind: OutputKind) -> Destination:
     """The group's validation, dead-letter or summary destination."""
     return Destination((SYSTEM_PREFIX, group, kind.value))
+
+
+def level_token(level: str) -> str:
+    """Percent-encode a topic level so it is one dot-separated token on NATS and RabbitMQ
+    (no '.', '*', '>', '#', space or control character), reversibly."""
+    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), level)

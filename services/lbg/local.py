@@ -59,6 +59,7 @@ class LocalDeployment:
     group: str
     workdir: Path
     daemons: dict[str, Daemon] = field(default_factory=dict)
+    admin_url: str | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from lbg.local import LocalDeployment, script
+from lbg.local_brokers import BrokerEndpoint
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -27,7 +28,7 @@ def group_name() -> str:
 
 
 @pytest.fixture
-def make_group(nats_url: str, group_name: str) -> Iterator[Callable[..., str]]:
+def make_group(broker: BrokerEndpoint, group_name: str) -> Iterator[Callable[..., str]]:
     """Create the test's group with cg-admin (HC 32, QC 4 unless overridden); delete it after."""
     created: list[str] = []
 
@@ -35,7 +36,8 @@ def make_group(nats_url: str, group_name: str) -> Iterator[Callable[..., str]]:
         cli(
             "cg-admin",
             "--broker-url",
-            nats_url,
+            broker.url,
+            *broker.admin_args(),
             "create",
             "--group",
             group_name,
@@ -52,13 +54,25 @@ def make_group(nats_url: str, group_name: str) -> Iterator[Callable[..., str]]:
 
     yield create
     for name in created:
-        cli("cg-admin", "--broker-url", nats_url, "delete", name, check=False)
+        cli(
+            "cg-admin",
+            "--broker-url",
+            broker.url,
+            *broker.admin_args(),
+            "delete",
+            name,
+            check=False,
+        )
 
 
 @pytest.fixture
-def deployment(nats_url: str, group_name: str, tmp_path: Path) -> Iterator[LocalDeployment]:
+def deployment(
+    broker: BrokerEndpoint, group_name: str, tmp_path: Path
+) -> Iterator[LocalDeployment]:
     """The test's daemons; whatever is still running is stopped at the end."""
-    local = LocalDeployment(nats_url, group_name, tmp_path / "daemons")
+    local = LocalDeployment(
+        broker.url, group_name, tmp_path / "daemons", admin_url=broker.admin_url
+    )
     yield local
     local.stop_all()
 

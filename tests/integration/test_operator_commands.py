@@ -1,4 +1,4 @@
-"""The operator commands on a real nats-server: lbg status, lbg route and lbg move under load."""
+"""The operator commands on every real broker: lbg status, lbg route and lbg move under load."""
 
 import asyncio
 import subprocess
@@ -26,6 +26,7 @@ def lbg(deployment: LocalDeployment, command: str, *args: str) -> subprocess.Com
             deployment.broker_url,
             "--group",
             deployment.group,
+            *(["--admin-url", deployment.admin_url] if deployment.admin_url else []),
             *args,
         ],
         capture_output=True,

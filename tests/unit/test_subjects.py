@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.broker.nats.adapter import subject, subject_token
+from lbg.broker.nats.adapter import subject
 from lbg.destinations import OutputKind, event_destination, output_destination
+from lbg.destinations import level_token as subject_token
 from lbg.messages import MAX_KEY_BYTES, check_key
 
 BLOG_KEYS = [

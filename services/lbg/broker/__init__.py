@@ -8,15 +8,21 @@ from lbg.broker.base import Broker, BrokerError
 from lbg.settings import BrokerSettings
 
 NATS_SCHEMES = {"nats", "tls"}
+RABBITMQ_SCHEMES = {"amqp", "amqps"}
 
 
 async def connect_broker(
     settings: BrokerSettings, client_name: str, priority_timeout: float = 2.0
 ) -> Broker:
-    """Connect to the broker named by `settings.url` (nats:// or tls:// for NATS JetStream)."""
+    """Connect to the broker named by `settings.url`: nats:// or tls:// for NATS JetStream,
+    amqp:// or amqps:// for RabbitMQ."""
     scheme = urlsplit(settings.url).scheme
     if scheme in NATS_SCHEMES:
         from lbg.broker.nats.adapter import NatsBroker
 
         return await NatsBroker.connect(settings, client_name, priority_timeout)
+    if scheme in RABBITMQ_SCHEMES:
+        from lbg.broker.rabbitmq.adapter import RabbitBroker
+
+        return await RabbitBroker.connect(settings, client_name)
     raise BrokerError(f"broker url '{settings.url}': no adapter for scheme '{scheme}://'")

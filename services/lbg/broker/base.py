@@ -140,10 +140,14 @@ class Broker(abc.ABC):
         """Flush pending work and disconnect."""
 
     @abc.abstractmethod
-    async def create_group(self, name: str, config: GroupConfig) -> None:
+    async def create_group(
+        self, name: str, config: GroupConfig, client_password: str | None = None
+    ) -> None:
         """Provision queues, buckets and output destinations and store the config.
 
-        Raises GroupExists naming the first clash; creates nothing in that case.
+        Raises GroupExists naming the first clash; creates nothing in that case. Where the
+        broker keeps users, the client identity (CU) gets access to this group only, and is
+        created with `client_password` if it does not exist.
         """
 
     @abc.abstractmethod

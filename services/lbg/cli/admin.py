@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import TextIO
 
 import click
 import orjson
@@ -10,6 +12,7 @@ import orjson
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, GroupExists
 from lbg.cli.common import (
+    admin_url_option,
     broker_option,
     config_option,
     default_id,
@@ -23,9 +26,11 @@ from lbg.cli.common import (
 from lbg.group import GroupConfig, validate_group_name
 from lbg.settings import AdminConfig
 
+CLIENT_PASSWORD_ENV = "LBG_CLIENT_PASSWORD"
+
 
 def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
-    overrides = {"broker.url": ctx.obj["broker_url"]}
+    overrides = {"broker.url": ctx.obj["broker_url"], "broker.admin_url": ctx.obj["admin_url"]}
     overrides |= {f"group.{key}": value for key, value in group_overrides.items()}
     return load(ctx.obj["config_path"], AdminConfig, overrides)
 
@@ -41,16 +46,23 @@ async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @broker_option
+@admin_url_option
 @quiet_option
 @click.pass_context
-def main(ctx: click.Context, config_path: str | None, broker_url: str | None, quiet: bool) -> None:
+def main(
+    ctx: click.Context,
+    config_path: str | None,
+    broker_url: str | None,
+    admin_url: str | None,
+    quiet: bool,
+) -> None:
     """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
 
     A group has QC exclusive queues; queue q takes the hash buckets q, q+QC, q+2QC, ... below
     HC. Its config (HP, HC, QC, QS, CU, HF) is stored in the broker for every daemon to read.
     """
     setup_logging(quiet=quiet)
-    ctx.obj = {"config_path": config_path, "broker_url": broker_url}
+    ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
 
 
 @main.command()
@@ -77,6 +89,12 @@ def main(ctx: click.Context, config_path: str | None, broker_url: str | None, qu
     help="NATS: seconds before the broker moves a silent owner's queue (failover time).",
 )
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the same group already exists.")
+@click.option(
+    "--client-password-file",
+    type=click.File("r", encoding="utf-8"),
+    help=f"RabbitMQ / Solace: create the CU user with this password if it does not exist "
+    f"(else ${CLIENT_PASSWORD_ENV}; with neither, an existing CU only gets permissions).",
+)
 @click.pass_context
 def create(
     ctx: click.Context,
@@ -85,9 +103,14 @@ def create(
     from_json: str | None,
     priority_timeout: float | None,
     if_not_exists: bool,
+    client_password_file: TextIO | None,
     **fields: object,
 ) -> None:
     """Create a group; refuses, naming the clash, if any of its objects exists."""
+    if client_password_file is not None:
+        client_password: str | None = client_password_file.read().strip()
+    else:
+        client_password = os.environ.get(CLIENT_PASSWORD_ENV) or None
     exclusive = None if competing is None else not competing
     settings = _settings(
         ctx, name=name, exclusive=exclusive, priority_timeout=priority_timeout, **fields
@@ -110,7 +133,7 @@ def create(
 
     async def action(broker: Broker) -> int:
         try:
-            await broker.create_group(group_name, config)
+            await broker.create_group(group_name, config, client_password)
         except GroupExists as exc:
             existing = (await broker.list_groups()).get(group_name)
             if if_not_exists and existing == config:

@@ -42,6 +42,10 @@ config_option = click.option(
     help="TOML config file (see config/); flags override its keys.",
 )
 broker_option = click.option("--broker-url", help="Broker URL, e.g. nats://127.0.0.1:4222.")
+admin_url_option = click.option(
+    "--admin-url",
+    help="Management API: RabbitMQ's http://host:15672 or Solace's SEMP http://host:8080.",
+)
 group_option = click.option(
     "--group", "group_name", help="Group name (its config is read from the broker)."
 )
@@ -61,7 +65,8 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     )
     logging.getLogger("lbg.validator.shards").setLevel(logging.INFO if verbose else logging.WARNING)
     if verbose < 2:
-        logging.getLogger("nats").setLevel(logging.WARNING)
+        for noisy in ("nats", "httpx", "aio_pika", "aiormq"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:

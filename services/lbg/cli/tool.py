@@ -17,6 +17,7 @@ from lbg.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     EXPECTED_ERRORS,
+    admin_url_option,
     broker_option,
     config_option,
     default_id,
@@ -204,6 +205,7 @@ def _operator_options(command):
     options = [
         config_option,
         broker_option,
+        admin_url_option,
         group_option,
         click.option(
             "--listen",
@@ -220,13 +222,16 @@ def _operator_options(command):
 
 
 def _operator_settings(
-    config_path: str | None, broker_url: str | None, group_name: str | None, listen: float | None
+    config_path: str | None,
+    broker_url: str | None,
+    admin_url: str | None,
+    group_name: str | None,
+    listen: float | None,
 ):
     from lbg.operator import OperatorConfig
 
-    settings = load(
-        config_path, OperatorConfig, {"broker.url": broker_url, "group.name": group_name}
-    )
+    overrides = {"broker.url": broker_url, "broker.admin_url": admin_url, "group.name": group_name}
+    settings = load(config_path, OperatorConfig, overrides)
     if listen is None:
         listen = max(DEFAULT_LISTEN, 3 * settings.client.heartbeat_interval)
     return settings, listen
@@ -254,6 +259,7 @@ def _print_json(document: object) -> None:
 def status(
     config_path: str | None,
     broker_url: str | None,
+    admin_url: str | None,
     group_name: str | None,
     listen: float | None,
     as_json: bool,
@@ -271,7 +277,7 @@ def status(
     from lbg.operator import read_status
 
     setup_logging(verbose, quiet=not verbose)
-    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+    settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
 
     async def action(broker) -> int:
         group_status = await read_status(broker, settings.group.name, seconds)
@@ -290,6 +296,7 @@ def status(
 def route(
     config_path: str | None,
     broker_url: str | None,
+    admin_url: str | None,
     group_name: str | None,
     listen: float | None,
     as_json: bool,
@@ -302,7 +309,7 @@ def route(
     from lbg.operator import read_status, routes
 
     setup_logging(verbose, quiet=not verbose)
-    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+    settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
     for key in keys:
         try:
             check_key(key)
@@ -339,6 +346,7 @@ def route(
 def move(
     config_path: str | None,
     broker_url: str | None,
+    admin_url: str | None,
     group_name: str | None,
     listen: float | None,
     as_json: bool,
@@ -357,7 +365,7 @@ def move(
     from lbg.operator import MoveRefused, move_queue
 
     setup_logging(verbose, quiet=not verbose)
-    settings, seconds = _operator_settings(config_path, broker_url, group_name, listen)
+    settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
 
     async def action(broker) -> int:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
@@ -44,7 +43,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
 
@@ -56,17 +55,11 @@ PUBLISH_TIMEOUT = 10.0
 ACK_WAIT = 30.0
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_\-/:+=@~!,;]")
-
-
-def subject_token(level: str) -> str:
-    """Percent-encode a topic level so it is one NATS subject token (no '.', '*', '>', space)."""
-    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), level)
 
 
 def subject(destination: Destination) -> str:
     """The NATS subject of a destination."""
-    return ".".join(subject_token(level) for level in destination.levels)
+    return ".".join(level_token(level) for level in destination.levels)
 
 
 def events_stream(group: str) -> str:
@@ -198,7 +191,10 @@ class NatsBroker(Broker):
             if other.hash_prefix == prefix:
                 raise GroupExists(f"hash prefix '{prefix}' is already used by group '{other_name}'")
 
-    async def create_group(self, name: str, config: GroupConfig) -> None:
+    async def create_group(
+        self, name: str, config: GroupConfig, client_password: str | None = None
+    ) -> None:
+        """NATS users live in the server's own config: `client_password` is not used here."""
         await self._check_clashes(name, config)
         created: list[str] = []
         try:

@@ -1,0 +1,537 @@
+"""RabbitMQ behind the broker interface: single-active-consumer quorum queues (see topology.py).
+
+The daemons need AMQP only: the group config is a one-message stream `lbg.<g>.config` that
+any reader of the group may read from the start. The management API (cg-admin, `lbg status`)
+lists groups, manages the client identity and its permissions, and reads queue figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from urllib.parse import unquote
+
+import aio_pika
+import aiormq.exceptions
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractIncomingMessage,
+)
+from aio_pika.exceptions import AMQPError, DeliveryError
+from yarl import URL
+
+from lbg.aio import cancel_and_wait
+from lbg.broker.base import (
+    Broker,
+    BrokerError,
+    GroupExists,
+    GroupNotFound,
+    OutputMessage,
+    PublishError,
+    QueueBinding,
+    QueueStatus,
+    StateListener,
+)
+from lbg.broker.rabbitmq import topology
+from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
+from lbg.broker.rabbitmq.management import ManagementApi, NotFound, path_segment
+from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.group import GroupConfig, GroupConfigError
+from lbg.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 10.0
+READ_CONFIG_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT = 1
+MANAGEMENT_PORT = 15672
+POLL_SECONDS = 0.25
+TICK_SECONDS = 0.1
+CLIENT_TAG = "lbg-client"
+_CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
+
+
+def config_queue_name(group: str) -> str:
+    """The one-message stream holding the group's JSON (the JNDI analogue)."""
+    return f"lbg.{group}.config"
+
+
+def amqp_url(settings: BrokerSettings) -> URL:
+    """The broker URL with credentials from settings and a short heartbeat unless it sets one."""
+    url = URL(settings.url)
+    if settings.user:
+        url = url.with_user(settings.user).with_password(settings.secret() or "")
+    if "heartbeat" not in url.query:
+        url = url.update_query(heartbeat=DEFAULT_HEARTBEAT)
+    return url
+
+
+class RabbitBroker(Broker):
+    """The broker interface on one RabbitMQ node or cluster (AMQP 0-9-1 with aio-pika)."""
+
+    def __init__(self, settings: BrokerSettings, name: str) -> None:
+        self._url = amqp_url(settings)
+        self._name = name
+        self._connect_timeout = settings.connect_timeout
+        self._heartbeat = float(self._url.query.get("heartbeat", DEFAULT_HEARTBEAT))
+        self._vhost = unquote(self._url.path[1:]) if len(self._url.path) > 1 else "/"
+        self._settings = settings
+        self._connection: AbstractConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._channels: dict[str, AbstractChannel] = {}
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._prefixes: dict[str, str] = {}
+        self._management: ManagementApi | None = None
+        self._last_tick = time.monotonic()
+        self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
+        self._closing = False
+
+    @classmethod
+    async def connect(cls, settings: BrokerSettings, name: str) -> RabbitBroker:
+        broker = cls(settings, name)
+        try:
+            await broker._conn()
+        except BaseException:
+            await cancel_and_wait(broker._ticker)
+            raise
+        return broker
+
+    async def close(self) -> None:
+        self._closing = True
+        await cancel_and_wait(self._ticker)
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+        if self._management is not None:
+            await self._management.close()
+
+    # -- connection and channels -------------------------------------------------------
+
+    async def _tick(self) -> None:
+        """Notes the time every tick: a gap means this process was paused (SIGSTOP, swap)."""
+        while True:
+            self._last_tick = time.monotonic()
+            await asyncio.sleep(TICK_SECONDS)
+
+    def _paused_for(self) -> float:
+        return time.monotonic() - self._last_tick
+
+    async def _conn(self) -> AbstractConnection:
+        """The open connection; reconnects with backoff (for connect_timeout at first)."""
+        async with self._connect_lock:
+            if self._connection is not None and not self._connection.is_closed:
+                return self._connection
+            first = self._connection is None
+            deadline = time.monotonic() + self._connect_timeout
+            delay = 0.2
+            while True:
+                try:
+                    self._connection = await aio_pika.connect(
+                        self._url,
+                        timeout=min(2.0, self._connect_timeout),
+                        client_properties={"connection_name": self._name},
+                    )
+                    break
+                except (AMQPError, OSError, TimeoutError, ConnectionError) as exc:
+                    reason = f"{type(exc).__name__}: {exc}".strip(": ")
+                    if first and time.monotonic() + delay > deadline:
+                        raise BrokerError(
+                            f"cannot connect to {self._url.with_password(None)} within "
+                            f"{self._connect_timeout:g}s ({reason})"
+                        ) from None
+                    if not first:
+                        log.warning("broker connection lost (%s); reconnecting", reason)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+            if not first:
+                log.info("reconnected to the broker")
+            self._connection.close_callbacks.add(self._on_connection_closed)
+            self._channels.clear()
+            self._exchanges.clear()
+            return self._connection
+
+    def _on_connection_closed(self, *_: object) -> None:
+        if not self._closing:
+            log.warning("disconnected from the broker")
+
+    async def _open_channel(self, confirms: bool = False) -> AbstractChannel:
+        connection = await self._conn()
+        return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
+
+    async def _channel(self, purpose: str) -> AbstractChannel:
+        """A long-lived channel per purpose (publish, control, probe), reopened when closed."""
+        channel = self._channels.get(purpose)
+        if channel is None or channel.is_closed:
+            channel = await self._open_channel(confirms=purpose == "publish")
+            self._channels[purpose] = channel
+            self._exchanges = {k: v for k, v in self._exchanges.items() if k[0] != purpose}
+        return channel
+
+    async def _exchange(self, purpose: str, name: str) -> AbstractExchange:
+        channel = await self._channel(purpose)
+        key = (purpose, name)
+        exchange = self._exchanges.get(key)  # type: ignore[call-overload]
+        if exchange is None:
+            exchange = await channel.get_exchange(name, ensure=False)
+            self._exchanges[key] = exchange  # type: ignore[index]
+        return exchange
+
+    async def _count_consumers(self, queue: str) -> int:
+        """Consumers registered on `queue` now (passive declare: immediate, unlike the API)."""
+        channel = await self._channel("probe")
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise BrokerError(f"queue '{queue}' does not exist (was the group deleted?)") from None
+        return int(declared.declaration_result.consumer_count or 0)
+
+    async def _exists(self, kind: str, name: str) -> bool:
+        channel = await self._open_channel()
+        try:
+            if kind == "queue":
+                await channel.declare_queue(name, passive=True)
+            else:
+                await channel.declare_exchange(name, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        return True
+
+    def _api(self) -> ManagementApi:
+        """The management API, from admin_url (default: the broker host on port 15672)."""
+        if self._management is None:
+            settings = self._settings
+            base = settings.admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
+            user = settings.admin_user or self._url.user or "guest"
+            password = settings.admin_secret() or self._url.password or "guest"
+            self._management = ManagementApi(base, user, password)
+        return self._management
+
+    # -- the group store -----------------------------------------------------------------
+
+    async def read_group(self, name: str) -> GroupConfig:
+        channel = await self._open_channel()
+        received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            if not received.done():
+                received.set_result(message.body)
+            await message.ack()
+
+        try:
+            await channel.set_qos(prefetch_count=10)
+            queue = await channel.get_queue(config_queue_name(name), ensure=False)
+            await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+            body = await asyncio.wait_for(received, READ_CONFIG_TIMEOUT)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise GroupNotFound(f"group '{name}' does not exist (no config stream)") from None
+        except aiormq.exceptions.ChannelAccessRefused:
+            raise BrokerError(f"group '{name}': not allowed to read its config") from None
+        except TimeoutError:
+            raise BrokerError(f"group '{name}': config stream is empty") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        try:
+            config = GroupConfig.from_json(body)
+        except GroupConfigError as exc:
+            raise BrokerError(f"group '{name}': stored config is invalid: {exc}") from None
+        self._prefixes[config.hash_prefix] = name
+        return config
+
+    async def list_groups(self) -> dict[str, GroupConfig]:
+        queues = await self._api().get(
+            f"/queues/{path_segment(self._vhost)}", columns="name", page="1", page_size="500"
+        )
+        names = sorted(
+            match.group(1)
+            for item in queues.get("items", [])
+            if (match := _CONFIG_QUEUE.match(item["name"]))
+        )
+        groups = {}
+        for name in names:
+            with contextlib.suppress(GroupNotFound, BrokerError):
+                groups[name] = await self.read_group(name)
+        return groups
+
+    async def _check_clashes(self, name: str, config: GroupConfig) -> None:
+        objects = [("queue", config_queue_name(name)), ("exchange", topology.exchange_name(name))]
+        objects += [("queue", topology.queue_name(name, q)) for q in range(config.queue_count)]
+        objects.append(("queue", topology.output_queue_name(name)))
+        for kind, object_name in objects:
+            if await self._exists(kind, object_name):
+                if kind == "queue" and object_name == config_queue_name(name):
+                    raise GroupExists(f"group '{name}' already exists")
+                raise GroupExists(f"{kind} '{object_name}' already exists")
+        for other_name, other in (await self.list_groups()).items():
+            if other.hash_prefix == config.hash_prefix:
+                raise GroupExists(
+                    f"hash prefix '{config.hash_prefix}' is already used by group '{other_name}'"
+                )
+
+    async def create_group(
+        self, name: str, config: GroupConfig, client_password: str | None = None
+    ) -> None:
+        await self._check_clashes(name, config)
+        channel = await self._open_channel(confirms=True)
+        created: list[tuple[str, str]] = []
+        try:
+            exchange = await channel.declare_exchange(
+                topology.exchange_name(name), aio_pika.ExchangeType.TOPIC, durable=True
+            )
+            created.append(("exchange", exchange.name))
+            for queue in range(config.queue_count):
+                declared = await channel.declare_queue(
+                    topology.queue_name(name, queue),
+                    durable=True,
+                    arguments=topology.queue_arguments(config),
+                )
+                created.append(("queue", declared.name))
+                for key in topology.bucket_binding_keys(config, queue):
+                    await declared.bind(exchange, key)
+            output = await channel.declare_queue(
+                topology.output_queue_name(name),
+                durable=True,
+                arguments=topology.output_arguments(),
+            )
+            created.append(("queue", output.name))
+            await output.bind(exchange, topology.output_binding_key(name))
+            stored = await channel.declare_queue(
+                config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
+            )
+            created.append(("queue", stored.name))
+            await channel.default_exchange.publish(
+                aio_pika.Message(
+                    config.to_json().encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                ),
+                stored.name,
+            )
+            await self._grant_client(config.client_username, client_password, extra=name)
+        except (AMQPError, BrokerError, DeliveryError) as exc:
+            await self._undo(created)
+            raise BrokerError(f"cannot create group '{name}': {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        self._prefixes[config.hash_prefix] = name
+
+    async def _undo(self, created: list[tuple[str, str]]) -> None:
+        """Delete what a failed create made, newest first."""
+        channel = await self._open_channel()
+        try:
+            for kind, object_name in reversed(created):
+                with contextlib.suppress(Exception):
+                    if kind == "queue":
+                        await channel.queue_delete(object_name)
+                    else:
+                        await channel.exchange_delete(object_name)
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def _grant_client(
+        self, user: str, password: str | None, extra: str | None = None, without: str = ""
+    ) -> None:
+        """Give the client identity access to exactly the groups it serves.
+
+        The user is created (tagged `lbg-client`) when a password is given and it does not
+        exist; a user left with no group loses its permissions, and is deleted if we made it.
+        """
+        api = self._api()
+        users = path_segment(user)
+        try:
+            record = await api.get(f"/users/{users}")
+        except NotFound:
+            record = None
+        if record is None:
+            if password is None:
+                log.warning(
+                    "client user '%s' does not exist: clients must use another identity "
+                    "(give cg-admin a client password to create it)",
+                    user,
+                )
+                return
+            await api.put(f"/users/{users}", {"password": password, "tags": CLIENT_TAG})
+        groups = {g for g, c in (await self.list_groups()).items() if c.client_username == user}
+        if extra:
+            groups.add(extra)
+        groups.discard(without)
+        permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
+        if groups:
+            await api.put(permissions, topology.client_permissions(sorted(groups)))
+            return
+        with contextlib.suppress(NotFound):
+            await api.delete(permissions)
+        if record is not None and CLIENT_TAG in str(record.get("tags", "")):
+            await api.delete(f"/users/{users}")
+
+    async def delete_group(self, name: str) -> None:
+        config = await self.read_group(name)
+        channel = await self._open_channel()
+        try:
+            for queue in range(config.queue_count):
+                await channel.queue_delete(topology.queue_name(name, queue))
+            await channel.queue_delete(topology.output_queue_name(name))
+            await channel.exchange_delete(topology.exchange_name(name))
+            await channel.queue_delete(config_queue_name(name))
+        except AMQPError as exc:
+            raise BrokerError(f"cannot delete group '{name}': {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        self._prefixes.pop(config.hash_prefix, None)
+        await self._grant_client(config.client_username, None, without=name)
+
+    async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        status = []
+        for queue in range(config.queue_count):
+            object_name = topology.queue_name(name, queue)
+            info = await self._api().get(f"/queues/{path_segment(self._vhost)}/{object_name}")
+            status.append(
+                QueueStatus(
+                    queue=queue,
+                    name=object_name,
+                    buckets=config.buckets_for_queue(queue),
+                    backlog=int(info.get("messages_ready") or 0),
+                    in_flight=int(info.get("messages_unacknowledged") or 0),
+                    active_client=_active_client(info),
+                )
+            )
+        return status
+
+    # -- messaging -----------------------------------------------------------------------
+
+    async def _exchange_for(self, destination: Destination) -> str:
+        levels = destination.levels
+        if len(levels) >= 2 and levels[0] == SYSTEM_PREFIX:
+            return topology.exchange_name(levels[1])
+        group = self._prefixes.get(levels[0])
+        if group is None:
+            with contextlib.suppress(BrokerError):
+                for name, config in (await self.list_groups()).items():
+                    self._prefixes[config.hash_prefix] = name
+            group = self._prefixes.get(levels[0])
+        if group is None:
+            raise PublishError(f"no group uses hash prefix '{levels[0]}' (read its config first)")
+        return topology.exchange_name(group)
+
+    async def publish(
+        self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        exchange_name = await self._exchange_for(destination)
+        key = topology.routing_key(destination)
+        message = aio_pika.Message(
+            body,
+            headers=dict(headers) if headers else None,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        try:
+            exchange = await self._exchange("publish", exchange_name)
+            await asyncio.wait_for(exchange.publish(message, key), PUBLISH_TIMEOUT)
+        except DeliveryError as exc:
+            raise PublishError(f"'{key}' rejected by the broker: {_delivery_reason(exc)}") from None
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise PublishError(f"exchange '{exchange_name}' does not exist") from None
+        except TimeoutError:
+            raise PublishError(f"no confirm for '{key}' in time") from None
+        except (AMQPError, ConnectionError) as exc:
+            raise PublishError(f"'{key}' not confirmed: {exc or type(exc).__name__}") from None
+
+    async def bind(
+        self,
+        group: str,
+        config: GroupConfig,
+        queue: int,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> QueueBinding:
+        name = topology.queue_name(group, queue)
+        await self._count_consumers(name)
+        return RabbitQueueBinding(
+            queue,
+            name,
+            f"{client_id}/q{queue}",
+            self._open_channel,
+            self._count_consumers,
+            exclusive=config.exclusive,
+            poll_seconds=POLL_SECONDS,
+            paused_for=self._paused_for,
+            stall_limit=self._heartbeat,
+            preferred=preferred,
+            on_change=on_change,
+        )
+
+    async def publish_control(self, group: str, body: bytes) -> None:
+        exchange = await self._exchange("control", topology.exchange_name(group))
+        await exchange.publish(aio_pika.Message(body), topology.control_routing_key(group))
+
+    async def subscribe_control(
+        self, group: str, handler: Callable[[bytes], None]
+    ) -> Callable[[], Awaitable[None]]:
+        channel = await self._open_channel()
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(topology.exchange_name(group), topology.control_routing_key(group))
+
+        async def deliver(message: AbstractIncomingMessage) -> None:
+            handler(message.body)
+
+        await queue.consume(deliver, no_ack=True)
+
+        async def unsubscribe() -> None:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+        return unsubscribe
+
+    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        channel = await self._open_channel()
+        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        kinds = {kind.value: kind for kind in OutputKind}
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            inbox.put_nowait(message)
+
+        try:
+            await channel.set_qos(prefetch_count=1000)
+            queue = await channel.get_queue(topology.output_queue_name(group), ensure=False)
+            await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+            while True:
+                message = await inbox.get()
+                await message.ack()
+                kind = kinds.get((message.routing_key or "").rsplit(".", 1)[-1])
+                if kind is not None:
+                    headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
+                    yield OutputMessage(kind, message.body, headers)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise GroupNotFound(f"group '{group}' has no output stream") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+
+def _active_client(info: dict) -> str | None:
+    """The client id in the consumer tag (`<client>/q<N>.<stint>`) of the active consumer."""
+    tag = info.get("single_active_consumer_tag")
+    if not tag:
+        details = info.get("consumer_details") or []
+        tags = [d.get("consumer_tag") for d in details if d.get("activity_status") != "waiting"]
+        tag = tags[0] if len(tags) == 1 else None
+    if not tag:
+        return None
+    client, _, _ = str(tag).rpartition("/q")
+    return client or None
+
+
+def _delivery_reason(exc: DeliveryError) -> str:
+    frame = getattr(exc, "frame", None)
+    text = getattr(frame, "reply_text", None) if frame is not None else None
+    return str(text or "nacked (queue full?)")

@@ -1,0 +1,272 @@
+"""An exclusive queue on RabbitMQ: a single-active-consumer quorum queue, one channel per stint.
+
+RabbitMQ delivers to the first registered consumer; the others wait in line. No signal says
+a consumer became active: receiving a message is the signal. A registration lives on its own
+channel, because closing the channel (not basic.cancel) is the order-safe way to give a
+queue up: the broker puts the unacked messages back at the head, in order, for the next
+consumer in line. So release, fence and stand-back all close the channel.
+
+Steering: a preferred binding registers at once; the others register only while the queue
+has no consumer at all, and step out of the line again while someone else is there, so a
+released queue goes to its preferred client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+
+from lbg.aio import cancel_and_wait
+from lbg.broker.base import Delivery, QueueBinding, StateListener
+
+log = logging.getLogger(__name__)
+
+PREFETCH = 200
+
+OpenChannel = Callable[[], Awaitable[AbstractChannel]]
+CountConsumers = Callable[[str], Awaitable[int]]
+
+
+@dataclass(eq=False)
+class _Stint:
+    """One registration in the queue's line: its channel and consumer tag."""
+
+    channel: AbstractChannel
+    tag: str
+    since: float
+
+
+class RabbitQueueBinding(QueueBinding):
+    """One client's consumer on one queue, active (receiving) or waiting in line."""
+
+    def __init__(
+        self,
+        queue: int,
+        queue_name: str,
+        tag_prefix: str,
+        open_channel: OpenChannel,
+        count_consumers: CountConsumers,
+        exclusive: bool,
+        poll_seconds: float,
+        paused_for: Callable[[], float],
+        stall_limit: float,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> None:
+        self.queue = queue
+        self._name = queue_name
+        self._tag_prefix = tag_prefix
+        self._open_channel = open_channel
+        self._count_consumers = count_consumers
+        self._exclusive = exclusive
+        self._poll = poll_seconds
+        self._paused_for = paused_for
+        self._stall_limit = stall_limit
+        self._preferred = preferred
+        self._on_change = on_change
+        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._stint: _Stint | None = None
+        self._stints = 0
+        self._active = False
+        self._epoch = 0
+        self._running = asyncio.Event()
+        self._running.set()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task = asyncio.create_task(self._loop(), name=f"consume-{queue_name}")
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def pin(self) -> str | None:
+        return self._stint.tag if self._active and self._stint else None
+
+    @property
+    def waiting(self) -> bool:
+        return self._preferred and self._stint is not None and not self._active
+
+    def set_preferred(self, preferred: bool) -> None:
+        if preferred != self._preferred:
+            self._preferred = preferred
+            self._wake.set()
+
+    def suspend(self, suspended: bool) -> None:
+        if suspended:
+            self._running.clear()
+            self._lose("suspended")
+            self._wake.set()
+        elif not self._closed:
+            self._running.set()
+
+    async def pinned_by(self) -> str | None:
+        """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
+        queue itself (connection closed) and a stalled one's after the heartbeat timeout."""
+        return None
+
+    async def evict(self, pin: str) -> bool:
+        return False
+
+    def owns(self, delivery: Delivery) -> bool:
+        if delivery.epoch != self._epoch or not self._active:
+            return False
+        if self._paused_for() > self._stall_limit:
+            self._lose("this process was paused past the heartbeat timeout (stalled)")
+            return False
+        return True
+
+    async def next(self) -> Delivery:
+        while True:
+            delivery = await self._buffer.get()
+            if delivery.epoch == self._epoch:
+                return delivery
+
+    async def ack(self, delivery: Delivery) -> bool:
+        if not self.owns(delivery):
+            return False
+        message: AbstractIncomingMessage = delivery.token  # type: ignore[assignment]
+        try:
+            await message.ack()
+        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+            self._lose(f"ack failed: {exc or type(exc).__name__}")
+            return False
+        return True
+
+    def fence(self, reason: str) -> None:
+        self._lose(reason)
+
+    async def release(self, standby_delay: float) -> None:
+        self._running.clear()
+        self._lose("released for handover")
+        await self._leave_line()
+        await asyncio.sleep(standby_delay)
+        if not self._closed:
+            self._running.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._running.set()
+        self._wake.set()
+        await cancel_and_wait(self._task)
+        self._lose("closed")
+        await self._leave_line()
+
+    def _set_active(self, active: bool, reason: str) -> None:
+        if active == self._active:
+            return
+        self._active = active
+        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
+        if self._on_change is not None:
+            self._on_change(self.queue, active)
+
+    def _lose(self, reason: str) -> None:
+        """Stop owning the queue: nothing buffered is processed or acked; the channel goes
+        (by the loop) so the broker hands the unacked messages to the next in line."""
+        self._epoch += 1
+        while not self._buffer.empty():
+            self._buffer.get_nowait()
+        if self._stint is not None:
+            self._stint.tag = ""
+        self._set_active(False, reason)
+        self._wake.set()
+
+    async def _leave_line(self) -> None:
+        stint, self._stint = self._stint, None
+        if stint is not None and not stint.channel.is_closed:
+            with contextlib.suppress(Exception):
+                await stint.channel.close()
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+                await self._leave_line()
+                await asyncio.sleep(self._poll)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    async def _step(self) -> None:
+        """Join the line, leave it, or stay, as the steering rules say."""
+        stint = self._stint
+        if not self._running.is_set():
+            if self._active:
+                self._lose("stopped consuming")
+            await self._leave_line()
+            await self._running.wait()
+            return
+        if stint is not None and not stint.tag:
+            await self._leave_line()
+            return
+        if stint is not None and stint.channel.is_closed:
+            self._stint = None
+            self._lose("channel closed by the broker")
+            return
+        if stint is None:
+            if self._preferred or not self._exclusive or not await self._consumers():
+                await self._join_line()
+            return
+        if (
+            self._exclusive
+            and not self._preferred
+            and not self._active
+            and time.monotonic() - stint.since > self._poll
+            and await self._consumers() > 1
+        ):
+            await self._leave_line()
+
+    async def _consumers(self) -> int:
+        return await self._count_consumers(self._name)
+
+    async def _join_line(self) -> None:
+        channel = await self._open_channel()
+        await channel.set_qos(prefetch_count=PREFETCH)
+        self._stints += 1
+        stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
+        queue = await channel.get_queue(self._name, ensure=False)
+        self._stint = stint
+        epoch = self._epoch
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            if (
+                self._stint is not stint
+                or not stint.tag
+                or self._epoch != epoch
+                or not self._running.is_set()
+            ):
+                return
+            if not self._active:
+                self._set_active(True, "receiving: first in the queue's line")
+            headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
+            self._buffer.put_nowait(
+                Delivery(
+                    body=message.body,
+                    subject=message.routing_key or "",
+                    headers=headers,
+                    redelivered=bool(message.redelivered),
+                    epoch=self._epoch,
+                    token=message,
+                )
+            )
+
+        await queue.consume(on_message, consumer_tag=stint.tag)
+
+
+def header_text(value: object) -> str:
+    """An AMQP header value as text (aio-pika gives bytes for long strings)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

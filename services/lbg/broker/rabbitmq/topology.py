@@ -1,0 +1,88 @@
+"""How a group maps onto RabbitMQ objects: names, routing keys, queue arguments, permissions.
+
+Per group `<g>`: the topic exchange `lbg.<g>`; QC quorum queues `lbg.<g>.q<N>` with single
+active consumer, queue q bound to `<HP>.<b>.#` for each of its buckets b; the stream
+`lbg.<g>.out` bound to `_lbg.<g>.#` (validation records, dead letters, summaries: a stream
+so the validator can read it from the start); heartbeats on `_lbgctl.<g>.members` to
+per-subscriber exclusive queues; the config in the global parameter `lbg.group.<g>`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lbg.destinations import SYSTEM_PREFIX, Destination, level_token
+from lbg.group import GroupConfig
+
+CONFIG_PARAMETER_PREFIX = "lbg.group."
+CONTROL_PREFIX = "_lbgctl"
+MAX_ROUTING_KEY_BYTES = 255
+OUTPUT_MAX_BYTES = 1024**3
+
+
+def exchange_name(group: str) -> str:
+    return f"lbg.{group}"
+
+
+def queue_name(group: str, queue: int) -> str:
+    return f"lbg.{group}.q{queue}"
+
+
+def output_queue_name(group: str) -> str:
+    return f"lbg.{group}.out"
+
+
+def config_parameter(group: str) -> str:
+    return f"{CONFIG_PARAMETER_PREFIX}{group}"
+
+
+def control_routing_key(group: str) -> str:
+    return f"{CONTROL_PREFIX}.{group}.members"
+
+
+def output_binding_key(group: str) -> str:
+    return f"{SYSTEM_PREFIX}.{group}.#"
+
+
+def bucket_binding_keys(config: GroupConfig, queue: int) -> list[str]:
+    """The queue's bindings: `<HP>.<b>.#` for each of its buckets (`#` also matches nothing)."""
+    return [f"{level_token(config.hash_prefix)}.{b}.#" for b in config.buckets_for_queue(queue)]
+
+
+def routing_key(destination: Destination) -> str:
+    """The destination's levels joined by dots; a key too long for AMQP keeps only the first
+    two levels (`<HP>.<bucket>` still routes to the right queue)."""
+    tokens = [level_token(level) for level in destination.levels]
+    key = ".".join(tokens)
+    if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
+        key = ".".join(tokens[:2])
+    return key
+
+
+def queue_arguments(config: GroupConfig) -> dict[str, object]:
+    """A quorum queue; exclusive groups get single active consumer; full means publish nacked."""
+    arguments: dict[str, object] = {
+        "x-queue-type": "quorum",
+        "x-max-length-bytes": config.queue_size_mb * 1024 * 1024,
+        "x-overflow": "reject-publish",
+    }
+    if config.exclusive:
+        arguments["x-single-active-consumer"] = True
+    return arguments
+
+
+def output_arguments() -> dict[str, object]:
+    return {"x-queue-type": "stream", "x-max-length-bytes": OUTPUT_MAX_BYTES}
+
+
+def client_permissions(groups: list[str]) -> dict[str, str]:
+    """Least privilege for a client identity serving `groups`: consume and bind only their
+    queues, publish only to their exchanges, and declare only its private heartbeat queues."""
+    escaped = "|".join(re.escape(exchange_name(g)) for g in sorted(groups))
+    mine = rf"(?:{escaped})"
+    private = r"amq\.gen-.*"
+    return {
+        "configure": f"^{private}$",
+        "write": f"^(?:{mine}|{private})$",
+        "read": rf"^(?:{mine}(?:\.q\d+|\.out)?|{private})$",
+    }
