@@ -774,7 +774,7 @@ def summary_text(opts: Options, result: dict[str, Any], wall_s: float) -> str:
 @click.option(
     "--static-samples",
     type=click.IntRange(min=0),
-    default=3,
+    default=12,
     show_default=True,
     help="Static-mode joins to time (0: skip the static mode).",
 )
