@@ -32,6 +32,7 @@ class DemoOptions:
     """Knobs of one demo run; `duration` is the publishing time, split over the phases."""
 
     broker_url: str
+    admin_url: str | None = None
     duration: float = 60.0
     rate: float = 500.0
     keys: int = 100
@@ -85,7 +86,8 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
         hash_count=options.hash_count,
         queue_count=options.queue_count,
     )
-    broker = await connect_broker(BrokerSettings(url=options.broker_url), "lbg-demo")
+    settings = BrokerSettings(url=options.broker_url, admin_url=options.admin_url)
+    broker = await connect_broker(settings, "lbg-demo")
     local = LocalDeployment(options.broker_url, DEMO_GROUP, workdir)
     validator = Validator(on_queue_change=timeline.queue_changed)
     stop_validator = asyncio.Event()

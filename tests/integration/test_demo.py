@@ -1,4 +1,5 @@
-"""The main job, run as a newcomer would: `lbg demo` on its own embedded broker."""
+"""The main job, run as a newcomer would: `lbg demo` on its own embedded NATS broker, and
+on the suite's RabbitMQ (`lbg demo --broker-url ... --admin-url ...`)."""
 
 import subprocess
 
@@ -6,14 +7,20 @@ import orjson
 import pytest
 
 from lbg.local import script
+from lbg.local_brokers import BrokerEndpoint
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
-def test_short_demo_ends_with_nothing_lost_or_reordered(tmp_path, mode: str) -> None:
+def test_short_demo_ends_with_nothing_lost_or_reordered(
+    tmp_path, mode: str, broker: BrokerEndpoint
+) -> None:
+    # On NATS the demo starts its own embedded broker, as `make demo` does.
+    target = [] if broker.kind == "nats" else ["--broker-url", broker.url, *broker.admin_args()]
     result = subprocess.run(
         [
             script("lbg"),
             "demo",
+            *target,
             "--mode",
             mode,
             "--duration",

@@ -3,6 +3,7 @@ commands on a running group (status, route, move)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
@@ -29,6 +30,7 @@ from lbg.cli.common import (
     verbose_option,
 )
 from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
+from lbg.local_brokers import LOCAL_BROKERS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,7 +90,16 @@ def broker(port: int, host: str, data_dir: str | None) -> None:
 
 
 @main.command()
-@click.option("--broker-url", help="Run against this broker instead of the embedded one.")
+@click.option(
+    "--broker",
+    "broker_kind",
+    type=click.Choice(LOCAL_BROKERS),
+    default="nats",
+    show_default=True,
+    help="Which broker to start privately for the run (on free ports, under --workdir).",
+)
+@click.option("--broker-url", help="Run against this broker instead of starting one.")
+@admin_url_option
 @click.option(
     "--duration",
     type=click.FloatRange(min=5),
@@ -136,7 +147,9 @@ def broker(port: int, host: str, data_dir: str | None) -> None:
     help="Make the last line of stdout the final report as one JSON object.",
 )
 def demo(
+    broker_kind: str,
     broker_url: str | None,
+    admin_url: str | None,
     duration: float,
     rate: float,
     keys: int,
@@ -149,13 +162,15 @@ def demo(
     it -> add a 3rd and a 4th -> (dynamic: stall one, wake it) -> scale down to 1 -> stop
     publishing -> drain.
 
-    Starts the embedded NATS JetStream broker unless --broker-url is given. Exits 1 if any
-    event was lost or reordered.
+    Starts a private broker (embedded NATS JetStream by default, or RabbitMQ from Debian's
+    package with --broker rabbitmq) unless --broker-url is given. Exits 1 if any event was
+    lost or reordered.
     """
     import uvloop
 
     from lbg.demo import DemoOptions, run_demo
-    from lbg.embedded import BrokerStartError, EmbeddedNats
+    from lbg.embedded import BrokerStartError
+    from lbg.local_brokers import BrokerEndpoint, local_broker
 
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="lbg-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,29 +179,28 @@ def demo(
         level=logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    server = None
-    if broker_url is None:
-        server = EmbeddedNats(folder / "nats")
+    with contextlib.ExitStack() as stack:
+        if broker_url is None:
+            try:
+                endpoint = stack.enter_context(local_broker(broker_kind, folder))
+            except BrokerStartError as exc:
+                fail(str(exc))
+            click.echo(f"private {broker_kind} broker at {endpoint.url}")
+        else:
+            endpoint = BrokerEndpoint(broker_kind, broker_url, admin_url)
+        options = DemoOptions(
+            broker_url=endpoint.url,
+            admin_url=endpoint.admin_url,
+            duration=duration,
+            rate=rate,
+            keys=keys,
+            cycle_seconds=cycle_seconds,
+            mode=mode,
+        )
         try:
-            broker_url = server.start()
-        except BrokerStartError as exc:
+            report = uvloop.run(run_demo(options, folder / "daemons", click.echo))
+        except EXPECTED_ERRORS as exc:
             fail(str(exc))
-        click.echo(f"embedded NATS JetStream broker at {broker_url}")
-    options = DemoOptions(
-        broker_url=broker_url,
-        duration=duration,
-        rate=rate,
-        keys=keys,
-        cycle_seconds=cycle_seconds,
-        mode=mode,
-    )
-    try:
-        report = uvloop.run(run_demo(options, folder / "daemons", click.echo))
-    except EXPECTED_ERRORS as exc:
-        fail(str(exc))
-    finally:
-        if server is not None:
-            server.stop()
     click.echo("")
     click.echo(report.to_text())
     click.echo(f"logs: {folder}")

@@ -57,11 +57,6 @@ CLIENT_TAG = "lbg-client"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 
 
-def config_queue_name(group: str) -> str:
-    """The one-message stream holding the group's JSON (the JNDI analogue)."""
-    return f"lbg.{group}.config"
-
-
 def amqp_url(settings: BrokerSettings) -> URL:
     """The broker URL with credentials from settings and a short heartbeat unless it sets one."""
     url = URL(settings.url)
@@ -228,7 +223,7 @@ class RabbitBroker(Broker):
 
         try:
             await channel.set_qos(prefetch_count=10)
-            queue = await channel.get_queue(config_queue_name(name), ensure=False)
+            queue = await channel.get_queue(topology.config_queue_name(name), ensure=False)
             await queue.consume(on_message, arguments={"x-stream-offset": "first"})
             body = await asyncio.wait_for(received, READ_CONFIG_TIMEOUT)
         except aiormq.exceptions.ChannelNotFoundEntity:
@@ -263,12 +258,15 @@ class RabbitBroker(Broker):
         return groups
 
     async def _check_clashes(self, name: str, config: GroupConfig) -> None:
-        objects = [("queue", config_queue_name(name)), ("exchange", topology.exchange_name(name))]
+        objects = [
+            ("queue", topology.config_queue_name(name)),
+            ("exchange", topology.exchange_name(name)),
+        ]
         objects += [("queue", topology.queue_name(name, q)) for q in range(config.queue_count)]
         objects.append(("queue", topology.output_queue_name(name)))
         for kind, object_name in objects:
             if await self._exists(kind, object_name):
-                if kind == "queue" and object_name == config_queue_name(name):
+                if kind == "queue" and object_name == topology.config_queue_name(name):
                     raise GroupExists(f"group '{name}' already exists")
                 raise GroupExists(f"{kind} '{object_name}' already exists")
         for other_name, other in (await self.list_groups()).items():
@@ -305,7 +303,7 @@ class RabbitBroker(Broker):
             created.append(("queue", output.name))
             await output.bind(exchange, topology.output_binding_key(name))
             stored = await channel.declare_queue(
-                config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
+                topology.config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
             )
             created.append(("queue", stored.name))
             await channel.default_exchange.publish(
@@ -381,7 +379,7 @@ class RabbitBroker(Broker):
                 await channel.queue_delete(topology.queue_name(name, queue))
             await channel.queue_delete(topology.output_queue_name(name))
             await channel.exchange_delete(topology.exchange_name(name))
-            await channel.queue_delete(config_queue_name(name))
+            await channel.queue_delete(topology.config_queue_name(name))
         except AMQPError as exc:
             raise BrokerError(f"cannot delete group '{name}': {exc}") from None
         finally:

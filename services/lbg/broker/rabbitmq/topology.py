@@ -4,7 +4,7 @@ Per group `<g>`: the topic exchange `lbg.<g>`; QC quorum queues `lbg.<g>.q<N>` w
 active consumer, queue q bound to `<HP>.<b>.#` for each of its buckets b; the stream
 `lbg.<g>.out` bound to `_lbg.<g>.#` (validation records, dead letters, summaries: a stream
 so the validator can read it from the start); heartbeats on `_lbgctl.<g>.members` to
-per-subscriber exclusive queues; the config in the global parameter `lbg.group.<g>`.
+per-subscriber exclusive queues; the config as the one message of the stream `lbg.<g>.config`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import re
 from lbg.destinations import SYSTEM_PREFIX, Destination, level_token
 from lbg.group import GroupConfig
 
-CONFIG_PARAMETER_PREFIX = "lbg.group."
 CONTROL_PREFIX = "_lbgctl"
 MAX_ROUTING_KEY_BYTES = 255
 OUTPUT_MAX_BYTES = 1024**3
@@ -32,8 +31,9 @@ def output_queue_name(group: str) -> str:
     return f"lbg.{group}.out"
 
 
-def config_parameter(group: str) -> str:
-    return f"{CONFIG_PARAMETER_PREFIX}{group}"
+def config_queue_name(group: str) -> str:
+    """The one-message stream holding the group's JSON (the JNDI analogue)."""
+    return f"lbg.{group}.config"
 
 
 def control_routing_key(group: str) -> str:
@@ -84,5 +84,5 @@ def client_permissions(groups: list[str]) -> dict[str, str]:
     return {
         "configure": f"^{private}$",
         "write": f"^(?:{mine}|{private})$",
-        "read": rf"^(?:{mine}(?:\.q\d+|\.out)?|{private})$",
+        "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config)?|{private})$",
     }

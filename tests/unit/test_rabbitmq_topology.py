@@ -1,0 +1,73 @@
+"""How a group maps onto RabbitMQ names, routing keys and permissions (pure functions)."""
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lbg.broker.rabbitmq import topology
+from lbg.destinations import event_destination
+from lbg.group import GroupConfig
+
+group_names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
+keys = st.text(min_size=1, max_size=60).filter(lambda k: len(k.encode()) <= 200)
+
+
+def matches_binding(binding: str, key: str) -> bool:
+    """AMQP topic matching for the bindings the adapter makes (`<HP>.<b>.#`)."""
+    prefix = binding.removesuffix(".#")
+    return key == prefix or key.startswith(prefix + ".")
+
+
+@given(keys, st.integers(min_value=0, max_value=999))
+def test_routing_keys_fit_amqp_and_keep_hash_prefix_and_bucket(key: str, bucket: int) -> None:
+    routing = topology.routing_key(event_destination("orders", bucket, key))
+    assert len(routing.encode()) <= topology.MAX_ROUTING_KEY_BYTES
+    assert routing.split(".")[:2] == ["orders", str(bucket)]
+
+
+@given(keys, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=8))
+def test_each_event_routes_to_exactly_the_queue_of_its_bucket(
+    key: str, hash_count: int, queue_count: int
+) -> None:
+    config = GroupConfig(
+        hash_prefix="hp", hash_count=max(hash_count, queue_count), queue_count=queue_count
+    )
+    bucket = config.bucket_for_key(key)
+    routing = topology.routing_key(event_destination(config.hash_prefix, bucket, key))
+    receivers = [
+        q
+        for q in range(config.queue_count)
+        if any(matches_binding(b, routing) for b in topology.bucket_binding_keys(config, q))
+    ]
+    assert receivers == [bucket % config.queue_count]
+
+
+def test_exclusive_groups_get_single_active_consumer_quorum_queues() -> None:
+    exclusive = topology.queue_arguments(
+        GroupConfig(hash_prefix="a", hash_count=4, queue_count=2, queue_size_mb=7)
+    )
+    competing = topology.queue_arguments(
+        GroupConfig(hash_prefix="a", hash_count=4, queue_count=2, exclusive=False)
+    )
+    assert exclusive["x-single-active-consumer"] is True
+    assert exclusive["x-queue-type"] == competing["x-queue-type"] == "quorum"
+    assert exclusive["x-max-length-bytes"] == 7 * 1024 * 1024
+    assert exclusive["x-overflow"] == "reject-publish"
+    assert "x-single-active-consumer" not in competing
+
+
+@given(group_names, group_names)
+def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, other: str) -> None:
+    permissions = {k: re.compile(v) for k, v in topology.client_permissions([mine]).items()}
+    own = [topology.queue_name(mine, 0), topology.queue_name(mine, 11)]
+    own += [topology.output_queue_name(mine), topology.exchange_name(mine)]
+    own.append(topology.config_queue_name(mine))
+    assert all(permissions["read"].match(name) for name in own)
+    assert permissions["write"].match(topology.exchange_name(mine))
+    assert permissions["configure"].match("amq.gen-abc123")
+    assert not permissions["configure"].match(topology.queue_name(mine, 0))
+    assert not permissions["write"].match(topology.queue_name(mine, 0))
+    if other != mine:
+        theirs = [topology.queue_name(other, 0), topology.exchange_name(other)]
+        assert not any(permissions[p].match(name) for p in permissions for name in theirs)
