@@ -17,7 +17,12 @@ venv: $(STAMP)
 demo: $(STAMP)  ## the main job: the whole pattern end to end on the embedded broker
 	$(BIN)/lbg demo $(ARGS)
 
-test: $(STAMP)  ## lint, then every test that the default run includes
+# RabbitMQ for the tests: Debian's package; the tests start a private node, never the service.
+RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
+$(RABBITMQ_SERVER):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server
+
+test: $(STAMP) $(RABBITMQ_SERVER)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
 	$(BIN)/python -m pytest $(ARGS)
 
