@@ -62,6 +62,7 @@ class OutputMessage:
     kind: OutputKind
     body: bytes
     headers: Mapping[str, str]
+    at: float | None = None  # epoch seconds the broker stored it (or it was sent), if known
 
 
 StateListener = Callable[[int, bool], None]

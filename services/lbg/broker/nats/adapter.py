@@ -395,7 +395,8 @@ class NatsBroker(Broker):
                 for msg in messages:
                     kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
                     if kind is not None:
-                        yield OutputMessage(kind, msg.data, msg.headers or {})
+                        at = msg.metadata.timestamp.timestamp()
+                        yield OutputMessage(kind, msg.data, msg.headers or {}, at)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

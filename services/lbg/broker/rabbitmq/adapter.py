@@ -54,6 +54,8 @@ MANAGEMENT_PORT = 15672
 POLL_SECONDS = 0.25
 TICK_SECONDS = 0.1
 CLIENT_TAG = "lbg-client"
+# RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
+SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 
 
@@ -428,7 +430,7 @@ class RabbitBroker(Broker):
         key = topology.routing_key(destination)
         message = aio_pika.Message(
             body,
-            headers=dict(headers) if headers else None,
+            headers={**(headers or {}), SENT_AT_HEADER: f"{time.time():.6f}"},
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         try:
@@ -508,7 +510,7 @@ class RabbitBroker(Broker):
                 kind = kinds.get((message.routing_key or "").rsplit(".", 1)[-1])
                 if kind is not None:
                     headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
-                    yield OutputMessage(kind, message.body, headers)
+                    yield OutputMessage(kind, message.body, headers, _sent_at(headers))
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise GroupNotFound(f"group '{group}' has no output stream") from None
         finally:
@@ -527,6 +529,13 @@ def _active_client(info: dict) -> str | None:
         return None
     client, _, _ = str(tag).rpartition("/q")
     return client or None
+
+
+def _sent_at(headers: Mapping[str, str]) -> float | None:
+    try:
+        return float(headers[SENT_AT_HEADER])
+    except (KeyError, ValueError):
+        return None
 
 
 def _delivery_reason(exc: DeliveryError) -> str:
