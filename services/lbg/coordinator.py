@@ -64,7 +64,7 @@ class Coordinator:
         self.state = MemberState.ACTIVE
         self.desired: dict[int, str] = {}
         self._gone_pins: dict[str, float] = {}
-        self._unknown: dict[int, str] = {}
+        self._unknown: dict[int, tuple[str, float]] = {}
         self._last_beat = clock()
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
@@ -256,8 +256,8 @@ class Coordinator:
         """Take over queues assigned here whose broker owner is gone, stalled or unknown.
 
         A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
-        pin nobody claims only if it is still unclaimed one round later (its owner may have
-        just taken the queue and not yet said so).
+        pin nobody claims only once it stayed unclaimed for two heartbeat intervals (its owner
+        may have just taken the queue and not yet said so in a heartbeat).
         """
         live = self.view.pins()
         stalled = {
@@ -265,17 +265,20 @@ class Coordinator:
             for pin, member in live.items()
             if (hb := self.view.heartbeat_of(member)) and hb.state is MemberState.STALLED
         }
-        unknown: dict[int, str] = {}
+        now = self._clock()
+        unknown: dict[int, tuple[str, float]] = {}
         for queue, binding in self._bindings.items():
             if self.desired.get(queue) != self.member or binding.active:
                 continue
             pin = await binding.pinned_by()
             if pin is None or (pin in live and pin not in stalled):
                 continue
-            if pin in self._gone_pins or pin in stalled or self._unknown.get(queue) == pin:
+            seen_pin, since = self._unknown.get(queue, (pin, now))
+            since = since if seen_pin == pin else now
+            if pin in self._gone_pins or pin in stalled or now - since >= 2 * self.interval:
                 await binding.evict(pin)
             else:
-                unknown[queue] = pin
+                unknown[queue] = (pin, since)
         self._unknown = unknown
 
     async def _beat(self) -> None:
