@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -26,6 +27,7 @@ from lbg.group import GroupConfig
 from lbg.handlers import AsyncHandler, Context, Hooks
 from lbg.lanes import KeyLanes
 from lbg.messages import Event, MalformedMessage, decode_event
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,21 @@ class LbgClient:
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
         self.stats = ClientStats()
+
+    def metric_families(self) -> Iterator[Family]:
+        """This client's counters and gauges for a Prometheus scrape."""
+        g, s = self._group, self.stats
+        yield counter("lbg_client_processed", "Messages handled and acked.", g, s.processed)
+        yield counter("lbg_client_dead_lettered", "Messages dead-lettered.", g, s.dead_lettered)
+        yield counter("lbg_client_handler_errors", "Failed handler attempts.", g, s.handler_errors)
+        yield counter("lbg_client_fenced", "Deliveries dropped: ownership lost first.", g, s.fenced)
+        yield counter(
+            "lbg_client_handovers", "Queues this client became active on.", g, s.handovers
+        )
+        yield gauge("lbg_client_queues_active", "Queues this client serves now.", g, len(s.active))
+        if self._coordinator is not None:
+            members = len(self._coordinator.view.members()) + 1
+            yield gauge("lbg_group_members", "Members in this client's view.", g, members)
 
     def _preferred(self, queue: int) -> bool:
         return isinstance(self._role, StaticRole) and self._role.is_primary(queue)
@@ -226,10 +243,16 @@ class LbgClient:
         while not self._stopping:
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
+                if not binding.active:
+                    continue
                 log.info("client %s hands queue %d over", self.client_id, binding.queue)
+                started = time.monotonic()
                 await lanes.drain()
                 await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
+                HANDOVER_SECONDS.labels(self._group, str(binding.queue)).observe(
+                    time.monotonic() - started - STANDBY_DELAY
+                )
                 continue
             await self._announce(binding, lanes, binding.active)
             try:
@@ -290,9 +313,12 @@ class LbgClient:
                 self.stats.fenced += 1
                 return False
             token = object()
-            self._busy[token] = time.monotonic()
+            started = self._busy[token] = time.monotonic()
             try:
                 await self._handler(event, context)
+                HANDLER_SECONDS.labels(self._group, str(binding.queue)).observe(
+                    time.monotonic() - started
+                )
                 break
             except Exception as exc:
                 self.stats.handler_errors += 1

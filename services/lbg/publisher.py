@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -22,6 +22,7 @@ from lbg.broker.base import Broker, PublishError
 from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.group import GroupConfig
 from lbg.messages import Event, MalformedMessage, check_key, encode_event, encode_summaries
+from lbg.metrics import PUBLISH_SECONDS, Family, counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ class HashedPublisher:
         body = encode_event(event)
         delay = 0.1
         for attempt in range(RETRIES + 1):
+            started = time.monotonic()
             try:
                 await self._broker.publish(destination, body)
             except PublishError as exc:
@@ -210,9 +212,26 @@ class HashedPublisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             else:
+                PUBLISH_SECONDS.labels(self._group).observe(time.monotonic() - started)
                 self.stats.acked += 1
                 self.stats.last_seq[event.key] = event.seq
                 return
+
+    def metric_families(self) -> Iterator[Family]:
+        """This publisher's counters for a Prometheus scrape."""
+        g, s = self._group, self.stats
+        yield counter("lbg_publisher_acked", "Events the broker confirmed.", g, s.acked)
+        yield counter("lbg_publisher_retried", "Publish attempts retried.", g, s.retried)
+        yield counter(
+            "lbg_publisher_rejected_input", "Input lines skipped as bad.", g, s.rejected_input
+        )
+        yield counter(
+            "lbg_publisher_failed",
+            "Events given up after every retry.",
+            g,
+            int(self._failure is not None),
+        )
+        yield gauge("lbg_publisher_keys", "Keys published so far.", g, len(s.last_seq))
 
     async def publish_summary(self) -> int:
         """Tell the validator the last acked sequence of every key; returns the message count."""

@@ -232,6 +232,14 @@ class ValidatorSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class MetricsSettings:
+    """Where a daemon serves Prometheus metrics (`/metrics`); port 0 turns it off."""
+
+    port: int = _bounded(0, ge=0, le=65535)
+    address: str = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
 class AdminConfig:
     """config/cg-admin.toml."""
 
@@ -246,6 +254,7 @@ class PublisherConfig:
     broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     publisher: PublisherSettings = dataclasses.field(default_factory=PublisherSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +264,7 @@ class ClientConfig:
     broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     client: ClientSettings = dataclasses.field(default_factory=ClientSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +274,7 @@ class ValidatorConfig:
     broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     validator: ValidatorSettings = dataclasses.field(default_factory=ValidatorSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
 
 
 def load_config(

@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, OutputMessage
 from lbg.destinations import OutputKind
 from lbg.messages import MalformedMessage, decode_event, decode_processed, decode_summary
+from lbg.metrics import Family, gauge
 from lbg.sequence import Outcome, Report, SequenceChecker
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,28 @@ class Validator:
         if not self.summaries or not all(p.complete for p in self.summaries.values()):
             return False
         return self.report().lost == 0
+
+    def metric_families(self, group: str) -> Iterator[Family]:
+        """The running report as gauges for a Prometheus scrape (lost: -1 while unknown)."""
+        report = self.report()
+        figures = {
+            "delivered": "Validation records read.",
+            "unique": "Distinct events processed.",
+            "duplicates": "Events processed more than once.",
+            "reordered": "Events processed after a later one of their key.",
+            "gaps": "Sequence gaps seen (may fill in later).",
+            "reassignments": "Times a queue moved to another client.",
+            "dead_lettered": "Dead letters seen.",
+            "keys": "Keys seen.",
+        }
+        for name, doc in figures.items():
+            yield gauge(f"lbg_validator_{name}", doc, group, getattr(report, name))
+        lost = -1 if report.lost is None else report.lost
+        yield gauge(
+            "lbg_validator_lost", "Published events never processed (-1: unknown).", group, lost
+        )
+        idle = time.monotonic() - self.last_message
+        yield gauge("lbg_validator_idle_seconds", "Seconds since the last record.", group, idle)
 
     def progress_line(self) -> str:
         report = self.report()

@@ -13,6 +13,7 @@ from lbg.cli.common import (
     default_id,
     group_option,
     load,
+    metrics_port_option,
     one_line_errors,
     quiet_option,
     run,
@@ -21,6 +22,7 @@ from lbg.cli.common import (
 )
 from lbg.client import DynamicRole, LbgClient, StaticRole
 from lbg.handlers import load_handler
+from lbg.metrics import serve as serve_metrics
 from lbg.settings import ClientConfig
 
 
@@ -42,6 +44,7 @@ from lbg.settings import ClientConfig
 @click.option("--handler", help="module:function called for each event (sync or async).")
 @click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
 @click.option("--window", type=int, help="Events in flight per queue (keys concurrent, in order).")
+@metrics_port_option
 @verbose_option
 @quiet_option
 def main(
@@ -56,6 +59,7 @@ def main(
     handler: str | None,
     retries: int | None,
     window: int | None,
+    metrics_port: int | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -75,6 +79,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "metrics.port": metrics_port,
         "group.name": group_name,
         "client.id": client_id,
         "client.index": index,
@@ -113,6 +118,7 @@ def main(
                 window=c.window,
                 hooks=hooks,
             )
+            serve_metrics(settings.metrics.port, settings.metrics.address, client.metric_families)
             await client.run(stop)
             return 0
         finally:

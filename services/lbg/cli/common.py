@@ -42,6 +42,11 @@ config_option = click.option(
     help="TOML config file (see config/); flags override its keys.",
 )
 broker_option = click.option("--broker-url", help="Broker URL, e.g. nats://127.0.0.1:4222.")
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (0: off) [config: metrics.port].",
+)
 admin_url_option = click.option(
     "--admin-url",
     help="Management API: RabbitMQ's http://host:15672 or Solace's SEMP http://host:8080.",

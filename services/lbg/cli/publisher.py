@@ -16,11 +16,13 @@ from lbg.cli.common import (
     default_id,
     group_option,
     load,
+    metrics_port_option,
     quiet_option,
     run,
     setup_logging,
     verbose_option,
 )
+from lbg.metrics import serve as serve_metrics
 from lbg.publisher import HashedPublisher, cycle_keys, generated_keys, read_file, read_lines
 from lbg.settings import PublisherConfig
 
@@ -46,6 +48,7 @@ log = logging.getLogger("lbg.publisher")
     "--summary/--no-summary", default=None, help="Publish the per-key summary at the end."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final stats as one JSON line.")
+@metrics_port_option
 @verbose_option
 @quiet_option
 def main(
@@ -61,6 +64,7 @@ def main(
     window: int | None,
     summary: bool | None,
     as_json: bool,
+    metrics_port: int | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -72,6 +76,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "metrics.port": metrics_port,
         "group.name": group_name,
         "publisher.id": publisher_id,
         "publisher.input": input_path,
@@ -92,6 +97,9 @@ def main(
             config = await broker.read_group(settings.group.name)
             publisher = HashedPublisher(
                 broker, settings.group.name, config, name, window=p.window, rate=p.rate
+            )
+            serve_metrics(
+                settings.metrics.port, settings.metrics.address, publisher.metric_families
             )
             if p.input == "-":
                 events = read_lines(sys.stdin.buffer, "<stdin>", publisher.stats)

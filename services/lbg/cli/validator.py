@@ -16,11 +16,13 @@ from lbg.cli.common import (
     default_id,
     group_option,
     load,
+    metrics_port_option,
     quiet_option,
     run,
     setup_logging,
     verbose_option,
 )
+from lbg.metrics import serve as serve_metrics
 from lbg.settings import ValidatorConfig
 from lbg.validator import Validator, run_validator
 
@@ -41,6 +43,7 @@ log = logging.getLogger("lbg.validator")
     type=float,
     help="Exit once every published event is accounted for and nothing arrived for this long.",
 )
+@metrics_port_option
 @verbose_option
 @quiet_option
 def main(
@@ -51,6 +54,7 @@ def main(
     strict: bool | None,
     progress_interval: float | None,
     idle_exit: float | None,
+    metrics_port: int | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -63,6 +67,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "metrics.port": metrics_port,
         "group.name": group_name,
         "validator.report_json": report_json,
         "validator.strict": strict,
@@ -76,10 +81,16 @@ def main(
         broker = await connect_broker(settings.broker, default_id("validator"))
         try:
             await broker.read_group(settings.group.name)
+            validator = Validator()
+            serve_metrics(
+                settings.metrics.port,
+                settings.metrics.address,
+                lambda: validator.metric_families(settings.group.name),
+            )
             report = await run_validator(
                 broker,
                 settings.group.name,
-                Validator(),
+                validator,
                 stop,
                 progress_interval=v.progress_interval,
                 idle_exit=v.idle_exit,

@@ -1,0 +1,74 @@
+"""Every daemon serves Prometheus metrics that agree with what it did (on every broker)."""
+
+import time
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from lbg.embedded import free_port
+from lbg.local import LocalDeployment
+
+EVENTS = 600
+Samples = dict[str, float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample on /metrics by name (labels dropped: one group per daemon here)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
+
+
+def wait_until(port: int, check: Callable[[Samples], bool], timeout: float = 30) -> Samples:
+    """Scrape until `check(samples)` holds; the samples that satisfied it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            samples = scrape(port)
+        except OSError:
+            samples = {}
+        if check(samples):
+            return samples
+        assert time.monotonic() < deadline, f"metrics on :{port} never got there: {samples}"
+        time.sleep(0.2)
+
+
+def wait_for_metric(port: int, name: str, value: float) -> Samples:
+    return wait_until(port, lambda samples: samples.get(name) == value)
+
+
+def test_client_publisher_and_validator_metrics_count_the_same_events(
+    make_group, deployment: LocalDeployment
+) -> None:
+    make_group()
+    client_port, publisher_port, validator_port = free_port(), free_port(), free_port()
+    metrics = "--metrics-port"
+    deployment.start("client-a", "lbg-client", "--id", "client-a", metrics, str(client_port))
+    deployment.start(
+        "validator", "validation-client", "--progress-interval", "0", metrics, str(validator_port)
+    )
+    wait_for_metric(client_port, "lbg_group_members", 1)
+    deployment.start_publisher(
+        "pub", "--keys", "30", "--count", str(EVENTS), "--rate", "100", "--no-summary",
+        metrics, str(publisher_port),
+    )  # fmt: skip
+
+    publisher = wait_until(publisher_port, lambda m: m.get("lbg_publisher_acked_total", 0) >= 100)
+    client = wait_for_metric(client_port, "lbg_client_processed_total", EVENTS)
+    validator = wait_for_metric(validator_port, "lbg_validator_unique", EVENTS)
+
+    assert publisher["lbg_publish_ack_seconds_count"] == publisher["lbg_publisher_acked_total"]
+    assert publisher["lbg_publisher_keys"] == 30
+    assert publisher["lbg_publisher_failed_total"] == 0
+    assert client["lbg_handler_seconds_count"] == EVENTS
+    assert client["lbg_client_queues_active"] == 4
+    assert client["lbg_client_dead_lettered_total"] == 0
+    assert validator["lbg_validator_reordered"] == 0
+    assert validator["lbg_validator_duplicates"] == 0
+    assert validator["lbg_validator_lost"] == -1, "no summary was sent: loss is unknown"
