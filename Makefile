@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench bench-rebalance venv clean
+.PHONY: demo test test-slow lint bench bench-rebalance venv clean up scale down autoscale
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers
 
 bench-rebalance: $(STAMP)  ## join, crash and planned-handover latency; dynamic vs static join
 	$(BIN)/python bench/rebalance.py $(ARGS)
+
+up: $(STAMP)  ## a local stack in the background: broker, group, publisher, validator, clients
+	$(BIN)/lbg local up $(ARGS)
+
+scale: $(STAMP)  ## set the local stack's client count at run time: make scale N=4
+	@test -n "$(N)" || { echo "usage: make scale N=<clients>"; exit 2; }
+	$(BIN)/lbg local scale $(N)
+
+autoscale: $(STAMP)  ## scale the local stack's clients from the backlog until Ctrl-C
+	$(BIN)/lbg autoscale $(ARGS)
+
+down: $(STAMP)  ## stop the local stack
+	$(BIN)/lbg local down
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -29,6 +29,7 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
 )
+from lbg.cli.local import autoscale, local
 from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 from lbg.local_brokers import LOCAL_BROKERS
 
@@ -409,3 +410,7 @@ def move(
         return 0
 
     _run_with_broker(settings, action)
+
+
+main.add_command(local)
+main.add_command(autoscale)

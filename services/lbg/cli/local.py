@@ -1,0 +1,220 @@
+"""`lbg local ...` and `lbg autoscale`: a local stack whose client count changes at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import click
+
+from lbg.cli.common import admin_url_option, fail, run, setup_logging
+from lbg.embedded import free_port
+from lbg.local import script
+
+DEFAULT_FOLDER = "var/local"
+LOCAL_GROUP = "local"
+BROKER_START_TIMEOUT = 20.0
+
+folder_option = click.option(
+    "--folder",
+    type=click.Path(file_okay=False),
+    default=DEFAULT_FOLDER,
+    show_default=True,
+    help="Where the stack keeps its state, logs and broker data.",
+)
+
+
+def _stack(folder: str):
+    from lbg.scaling import LocalStack
+
+    return LocalStack(Path(folder))
+
+
+@click.group(name="local")
+def local() -> None:
+    """A group's daemons as local background processes, scaled at run time (make scale N=4)."""
+
+
+@local.command()
+@folder_option
+@click.option("--broker-url", help="Use this broker instead of starting an embedded NATS one.")
+@admin_url_option
+@click.option("--group", "group_name", default=LOCAL_GROUP, show_default=True)
+@click.option("--clients", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0), default=200.0, show_default=True,
+              help="Events/s of the publisher (0: no publisher).")  # fmt: skip
+@click.option("--keys", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--queue-count", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--hash-count", type=click.IntRange(min=1), default=64, show_default=True)
+def up(
+    folder: str,
+    broker_url: str | None,
+    admin_url: str | None,
+    group_name: str,
+    clients: int,
+    rate: float,
+    keys: int,
+    queue_count: int,
+    hash_count: int,
+) -> None:
+    """Start a broker (unless --broker-url), the group (unless it exists), a validator, a
+    publisher and --clients dynamic lbg-clients, all in the background; `lbg local scale N`
+    changes the client count later and `lbg local down` stops everything."""
+    from lbg.scaling import StackError, StackState
+
+    setup_logging()
+    stack = _stack(folder)
+    if stack.state_path.exists():
+        fail(f"a local stack already runs from {stack.folder} (lbg local down stops it)")
+    stack.folder.mkdir(parents=True, exist_ok=True)
+    state = StackState(broker_url=broker_url or "", group=group_name, admin_url=admin_url)
+    if broker_url is None:
+        port = free_port()
+        state.broker_url = f"nats://127.0.0.1:{port}"
+        state.broker_pid = stack.start(
+            "broker", "lbg", "broker", "--port", str(port), "--data-dir", str(stack.folder / "nats")
+        )
+        stack.save(state)
+        _wait_for_port(port, state.broker_pid)
+    stack.save(state)
+    admin = ["--admin-url", admin_url] if admin_url else []
+    created = subprocess.run([
+        script("cg-admin"), "--broker-url", state.broker_url, *admin, "create", "--if-not-exists",
+        "--group", group_name, "--hash-prefix", group_name,
+        "--hash-count", str(hash_count), "--queue-count", str(queue_count),
+    ], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    if created.returncode != 0:
+        stack.down()
+        fail(created.stderr.strip() or "cg-admin create failed")
+    state.others["validator"] = stack.spawn(
+        state, "validator", "validation-client", "--progress-interval", "10"
+    )
+    if rate > 0:
+        state.others["publisher"] = stack.spawn(
+            state, "publisher", "hashed-publisher", "--id", "publisher",
+            "--keys", str(keys), "--rate", str(rate),
+        )  # fmt: skip
+    stack.save(state)
+    try:
+        stack.scale(clients)
+    except StackError as exc:
+        fail(str(exc))
+    click.echo(f"local stack up: broker {state.broker_url}, group '{group_name}', "
+               f"{clients} clients; logs in {stack.folder}")  # fmt: skip
+    click.echo("scale: lbg local scale N (make scale N=4); stop: lbg local down")
+
+
+def _wait_for_port(port: int, pid: int) -> None:
+    import socket
+
+    from lbg.scaling import alive
+
+    deadline = time.monotonic() + BROKER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            fail("the embedded broker exited while starting (see broker.log)")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    fail(f"the embedded broker did not listen on {port} within {BROKER_START_TIMEOUT:g} s")
+
+
+@local.command()
+@folder_option
+@click.argument("count", type=click.IntRange(min=0))
+def scale(folder: str, count: int) -> None:
+    """Run exactly COUNT clients: start the missing ones or SIGTERM the newest (a clean
+    handover); the others keep running."""
+    from lbg.scaling import StackError
+
+    try:
+        started, stopped = _stack(folder).scale(count)
+    except StackError as exc:
+        fail(str(exc))
+    click.echo(f"{count} clients; started {', '.join(started) or '-'}; "
+               f"stopped {', '.join(stopped) or '-'}")  # fmt: skip
+
+
+@local.command()
+@folder_option
+def status(folder: str) -> None:
+    """The stack's processes and whether each still runs."""
+    from lbg.scaling import StackError, alive
+
+    try:
+        state = _stack(folder).load()
+    except StackError as exc:
+        fail(str(exc))
+    click.echo(f"broker {state.broker_url} group '{state.group}'")
+    pids = {"broker": state.broker_pid, **state.others, **state.clients}
+    for name, pid in pids.items():
+        if pid is not None:
+            click.echo(f"{name}\t{pid}\t{'running' if alive(pid) else 'gone'}")
+
+
+@local.command()
+@folder_option
+def down(folder: str) -> None:
+    """Stop the clients (clean handovers), the publisher and validator, then the broker."""
+    from lbg.scaling import StackError
+
+    try:
+        _stack(folder).down()
+    except StackError as exc:
+        fail(str(exc))
+    click.echo("local stack stopped")
+
+
+@click.command()
+@folder_option
+@click.option("--min", "minimum", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--max", "maximum", type=click.IntRange(min=1),
+              help="Most clients [default: the group's queue count].")  # fmt: skip
+@click.option("--high", type=click.FloatRange(min=0), default=200.0, show_default=True,
+              help="Add a client while the backlog per client is above this.")  # fmt: skip
+@click.option("--low", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="Remove a client while the backlog per client is below this.")  # fmt: skip
+@click.option("--cooldown", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between two changes.")  # fmt: skip
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+def autoscale(
+    folder: str,
+    minimum: int,
+    maximum: int | None,
+    high: float,
+    low: float,
+    cooldown: float,
+    interval: float,
+) -> None:
+    """Scale the local stack's clients between --min and --max from the group's backlog (the
+    original's "demand" trigger), one step at a time with a cool-down; runs until Ctrl-C."""
+    from lbg.broker import connect_broker
+    from lbg.cli.common import default_id
+    from lbg.scaling import AutoscalePolicy, StackError
+    from lbg.scaling import autoscale as run_autoscaler
+    from lbg.settings import BrokerSettings
+
+    setup_logging()
+    if low >= high:
+        fail(f"--low ({low:g}) must be below --high ({high:g})")
+    stack = _stack(folder)
+    try:
+        state = stack.load()
+    except StackError as exc:
+        fail(str(exc))
+
+    async def main(stop: asyncio.Event) -> int:
+        settings = BrokerSettings(url=state.broker_url, admin_url=state.admin_url)
+        broker = await connect_broker(settings, default_id("autoscale"))
+        try:
+            config = await broker.read_group(state.group)
+            policy = AutoscalePolicy(minimum, maximum or config.queue_count, high, low, cooldown)
+            await run_autoscaler(broker, state.group, config, stack, policy, stop, interval)
+        finally:
+            await broker.close()
+        return 0
+
+    run(main)

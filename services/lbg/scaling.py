@@ -1,0 +1,222 @@
+"""Scaling a group's clients at run time: a local stack kept in a folder, and the autoscaler.
+
+`LocalStack` is what `lbg local up` leaves running (broker, group, validator, publisher and N
+dynamic lbg-clients as separate processes) with its state in `<folder>/state.json`, so that a
+later `lbg local scale N` (`make scale N=4`) starts or stops only the difference: the other
+clients keep running, and dynamic membership moves just the queues that must move.
+
+`decide` is the autoscaler's rule as a pure function: add a client while the backlog stays
+above `high` per client, remove one while it stays below `low`, one step per cool-down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+
+from lbg.broker.base import Broker
+from lbg.group import GroupConfig
+from lbg.local import script
+
+log = logging.getLogger(__name__)
+STATE_FILE = "state.json"
+STOP_TIMEOUT = 15.0
+DRAIN_SECONDS = 3.0
+
+
+class StackError(Exception):
+    """The local stack is missing or in a state the command cannot work with."""
+
+
+@dataclasses.dataclass
+class StackState:
+    """What `lbg local up` started: enough to find, scale and stop it from another process."""
+
+    broker_url: str
+    group: str
+    admin_url: str | None = None
+    broker_pid: int | None = None
+    others: dict[str, int] = dataclasses.field(default_factory=dict)
+    clients: dict[str, int] = dataclasses.field(default_factory=dict)
+    next_client: int = 0
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop_process(pid: int, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM (a client hands its queues over), then SIGKILL after `timeout`."""
+    if not alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+class LocalStack:
+    """A group's daemons as detached local processes, described by `<folder>/state.json`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder.absolute()
+
+    @property
+    def state_path(self) -> Path:
+        return self.folder / STATE_FILE
+
+    def load(self) -> StackState:
+        try:
+            data = orjson.loads(self.state_path.read_bytes())
+        except FileNotFoundError:
+            raise StackError(f"no local stack in {self.folder} (start one: lbg local up)") from None
+        except orjson.JSONDecodeError as exc:
+            raise StackError(f"{self.state_path}: not valid JSON ({exc})") from None
+        return StackState(**data)
+
+    def save(self, state: StackState) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_bytes(orjson.dumps(dataclasses.asdict(state), option=orjson.OPT_INDENT_2))
+        temporary.replace(self.state_path)
+
+    def start(self, name: str, *command: str) -> int:
+        """Start a process of the stack, detached, logging to `<folder>/<name>.log`."""
+        with (self.folder / f"{name}.log").open("ab") as log_file:
+            process = subprocess.Popen(
+                [script(command[0]), *command[1:]],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return process.pid
+
+    def spawn(self, state: StackState, name: str, program: str, *args: str) -> int:
+        """Start one of the group's daemons against the stack's broker and group."""
+        return self.start(
+            name, program, "--broker-url", state.broker_url, "--group", state.group, *args
+        )
+
+    def running_clients(self, state: StackState) -> dict[str, int]:
+        return {name: pid for name, pid in state.clients.items() if alive(pid)}
+
+    def scale(self, count: int, client_args: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+        """Run exactly `count` clients: start new ones or SIGTERM the newest; the others stay.
+
+        Returns the names started and the names stopped.
+        """
+        if count < 0:
+            raise StackError(f"client count must be >= 0, got {count}")
+        state = self.load()
+        running = self.running_clients(state)
+        started: list[str] = []
+        stopped: list[str] = []
+        while len(running) < count:
+            name = f"client-{state.next_client}"
+            state.next_client += 1
+            running[name] = self.spawn(state, name, "lbg-client", "--id", name, *client_args)
+            started.append(name)
+        for name in sorted(running, key=_client_number, reverse=True)[: len(running) - count]:
+            stop_process(running.pop(name))
+            stopped.append(name)
+        state.clients = running
+        self.save(state)
+        return started, stopped
+
+    def down(self, drain_seconds: float = DRAIN_SECONDS) -> None:
+        """Stop the publisher (it sends its summary), give the clients a moment to drain, stop
+        them (clean handovers), then the validator (it logs its report) and the broker."""
+        state = self.load()
+        publisher = state.others.pop("publisher", None)
+        if publisher is not None and alive(publisher):
+            stop_process(publisher)
+            time.sleep(drain_seconds)
+        for pid in [*state.clients.values(), *state.others.values()]:
+            stop_process(pid)
+        if state.broker_pid is not None:
+            stop_process(state.broker_pid)
+        self.state_path.unlink(missing_ok=True)
+
+
+def _client_number(name: str) -> int:
+    _, _, number = name.rpartition("-")
+    return int(number) if number.isdigit() else -1
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoscalePolicy:
+    """When to add or remove a client; backlogs are messages waiting per running client."""
+
+    minimum: int = 1
+    maximum: int = 4
+    high: float = 200.0
+    low: float = 20.0
+    cooldown: float = 10.0
+
+
+def decide(policy: AutoscalePolicy, clients: int, backlog: int, since_last_change: float) -> int:
+    """The client count to run next: one step towards what the backlog asks, never inside the
+    cool-down, always within [minimum, maximum] (maximum is at most the queue count)."""
+    bounded = min(max(clients, policy.minimum), policy.maximum)
+    if bounded != clients:
+        return bounded
+    if since_last_change < policy.cooldown:
+        return clients
+    per_client = backlog / max(clients, 1)
+    if per_client > policy.high and clients < policy.maximum:
+        return clients + 1
+    if per_client < policy.low and clients > policy.minimum:
+        return clients - 1
+    return clients
+
+
+async def autoscale(
+    broker: Broker,
+    group: str,
+    config: GroupConfig,
+    stack: LocalStack,
+    policy: AutoscalePolicy,
+    stop: asyncio.Event,
+    interval: float = 1.0,
+) -> None:
+    """Every `interval`, read the group's backlog and scale the stack's clients one step."""
+    policy = dataclasses.replace(policy, maximum=min(policy.maximum, config.queue_count))
+    last_change = -float("inf")
+    while not stop.is_set():
+        statuses = await broker.queue_status(group, config)
+        backlog = sum(s.backlog for s in statuses)
+        clients = len(stack.running_clients(stack.load()))
+        target = decide(policy, clients, backlog, time.monotonic() - last_change)
+        if target != clients:
+            log.info(
+                "autoscale: backlog %d over %d clients -> %d clients", backlog, clients, target
+            )
+            started, stopped = await asyncio.to_thread(stack.scale, target)
+            log.info("autoscale: started %s stopped %s", started or "-", stopped or "-")
+            last_change = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
