@@ -22,7 +22,12 @@ RABBITMQ_SERVER := /usr/lib/rabbitmq/bin/rabbitmq-server
 $(RABBITMQ_SERVER):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server
 
-test: $(STAMP) $(RABBITMQ_SERVER)  ## lint, then every test that the default run includes
+# Headless Chromium for the live-view test: Debian's package.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
 	$(BIN)/python -m pytest $(ARGS)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lbg.broker import connect_broker
 from lbg.group import GroupConfig
+from lbg.liveview import LiveView, serve_live_view
 from lbg.local import LocalDeployment
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
@@ -41,6 +42,7 @@ class DemoOptions:
     cycle_seconds: float = 5.0
     drain_timeout: float = 60.0
     mode: str = "dynamic"
+    web_port: int = 0
 
 
 class Timeline:
@@ -89,10 +91,20 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
     settings = BrokerSettings(url=options.broker_url, admin_url=options.admin_url)
     broker = await connect_broker(settings, "lbg-demo")
     local = LocalDeployment(options.broker_url, DEMO_GROUP, workdir)
-    validator = Validator(on_queue_change=timeline.queue_changed)
+    view = LiveView(DEMO_GROUP)
+
+    def queue_changed(queue: int, old: str | None, new: str) -> None:
+        timeline.queue_changed(queue, old, new)
+        view.queue_changed(queue, old, new)
+
+    validator = Validator(on_queue_change=queue_changed)
     stop_validator = asyncio.Event()
     validation: asyncio.Task[Report] | None = None
+    web = None
     try:
+        if options.web_port:
+            web = await serve_live_view(view, validator, options.web_port, "127.0.0.1")
+            timeline.say(f"live view: http://127.0.0.1:{options.web_port}/")
         if DEMO_GROUP in await broker.list_groups():
             await broker.delete_group(DEMO_GROUP)
         await broker.create_group(DEMO_GROUP, config)
@@ -161,4 +173,6 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
                 await validation
         await asyncio.to_thread(local.stop_all)
         await broker.close()
+        if web is not None:
+            await web.cleanup()
     return validator.report()

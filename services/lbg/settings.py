@@ -229,6 +229,8 @@ class ValidatorSettings:
     strict: bool = False
     progress_interval: float = _bounded(5.0, ge=0)
     idle_exit: float = _bounded(0.0, ge=0)
+    web_port: int = _bounded(0, ge=0, le=65535)
+    web_address: str = "127.0.0.1"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -147,6 +147,12 @@ def broker(port: int, host: str, data_dir: str | None) -> None:
     is_flag=True,
     help="Make the last line of stdout the final report as one JSON object.",
 )
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="Serve the live view (who serves which queue, handovers, counts) on this port.",
+)
 def demo(
     broker_kind: str,
     broker_url: str | None,
@@ -158,6 +164,7 @@ def demo(
     cycle_seconds: float,
     workdir: str | None,
     as_json: bool,
+    web_port: int,
 ) -> None:
     """Play the original scenario end to end and report: 2 clients -> kill -9 one -> restart
     it -> add a 3rd and a 4th -> (dynamic: stall one, wake it) -> scale down to 1 -> stop
@@ -197,6 +204,7 @@ def demo(
             keys=keys,
             cycle_seconds=cycle_seconds,
             mode=mode,
+            web_port=web_port,
         )
         try:
             report = uvloop.run(run_demo(options, folder / "daemons", click.echo))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
 )
+from lbg.liveview import LiveView, serve_live_view
 from lbg.metrics import serve as serve_metrics
 from lbg.settings import ValidatorConfig
 from lbg.validator import Validator, run_validator
@@ -43,6 +45,11 @@ log = logging.getLogger("lbg.validator")
     type=float,
     help="Exit once every published event is accounted for and nothing arrived for this long.",
 )
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    help="Serve the live view (queue x client grid, handovers, counts) on this port.",
+)
 @metrics_port_option
 @verbose_option
 @quiet_option
@@ -54,6 +61,7 @@ def main(
     strict: bool | None,
     progress_interval: float | None,
     idle_exit: float | None,
+    web_port: int | None,
     metrics_port: int | None,
     verbose: int,
     quiet: bool,
@@ -73,15 +81,22 @@ def main(
         "validator.strict": strict,
         "validator.progress_interval": progress_interval,
         "validator.idle_exit": idle_exit,
+        "validator.web_port": web_port,
     }
     settings = load(config_path, ValidatorConfig, overrides)
     v = settings.validator
 
     async def validate(stop: asyncio.Event) -> int:
         broker = await connect_broker(settings.broker, default_id("validator"))
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(broker.close)
             await broker.read_group(settings.group.name)
-            validator = Validator()
+            view = LiveView(settings.group.name)
+            validator = Validator(on_queue_change=view.queue_changed)
+            if v.web_port:
+                stack.push_async_callback(
+                    (await serve_live_view(view, validator, v.web_port, v.web_address)).cleanup
+                )
             serve_metrics(
                 settings.metrics.port,
                 settings.metrics.address,
@@ -95,8 +110,6 @@ def main(
                 progress_interval=v.progress_interval,
                 idle_exit=v.idle_exit,
             )
-        finally:
-            await broker.close()
         click.echo(report.to_text())
         if v.report_json:
             Path(v.report_json).write_bytes(

@@ -1,0 +1,89 @@
+"""The validator's live view: a small web page of who serves which queue, handovers over time,
+throughput and error counts, refreshed twice a second from `/api/state`.
+
+Served by aiohttp inside the validator's event loop (`validation-client --web-port`, or
+`lbg demo --web-port`); the page is one static HTML file with plain JavaScript.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.resources
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from lbg.sequence import Report
+from lbg.validator import Validator
+
+log = logging.getLogger(__name__)
+
+HANDOVERS_KEPT = 200
+RATE_WINDOW_SECONDS = 5.0
+
+
+class LiveView:
+    """What the page shows, kept current by the validator's queue-change callback."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.owners: dict[int, str] = {}
+        self.handovers: collections.deque[dict[str, Any]] = collections.deque(maxlen=HANDOVERS_KEPT)
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._started = time.time()
+
+    def queue_changed(self, queue: int, old: str | None, new: str) -> None:
+        """A queue's records now come from another client: note the handover."""
+        self.owners[queue] = new
+        self.handovers.append(
+            {"at": round(time.time() - self._started, 3), "queue": queue, "from": old, "to": new}
+        )
+
+    def _rate(self, delivered: int) -> float:
+        """Records per second over the last few seconds of snapshots."""
+        now = time.monotonic()
+        self._samples.append((now, delivered))
+        while self._samples and now - self._samples[0][0] > RATE_WINDOW_SECONDS:
+            self._samples.popleft()
+        first_at, first = self._samples[0]
+        return (delivered - first) / (now - first_at) if now > first_at else 0.0
+
+    def state(self, report: Report) -> dict[str, Any]:
+        """Everything the page renders, as JSON-ready data."""
+        clients = sorted({*report.per_client, *self.owners.values()})
+        return {
+            "group": self.group,
+            "uptime": round(time.time() - self._started, 1),
+            "owners": {str(q): c for q, c in sorted(self.owners.items())},
+            "clients": clients,
+            "handovers": list(self.handovers)[-50:],
+            "rate": round(self._rate(report.delivered), 1),
+            "report": report.to_dict(),
+        }
+
+
+def page_html() -> bytes:
+    return importlib.resources.files("lbg").joinpath("liveview.html").read_bytes()
+
+
+async def serve_live_view(
+    view: LiveView, validator: Validator, port: int, address: str
+) -> web.AppRunner:
+    """Start serving `/` and `/api/state` on `address:port`; the caller cleans the runner up."""
+
+    async def index(_request: web.Request) -> web.Response:
+        return web.Response(body=page_html(), content_type="text/html")
+
+    async def state(_request: web.Request) -> web.Response:
+        return web.json_response(view.state(validator.report()))
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/api/state", state)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, address, port).start()
+    log.info("live view on http://%s:%d/", address, port)
+    return runner
