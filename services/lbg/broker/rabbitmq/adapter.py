@@ -122,9 +122,13 @@ class RabbitBroker(Broker):
     async def _conn(self) -> AbstractConnection:
         """The open connection; reconnects with backoff (for connect_timeout at first)."""
         async with self._connect_lock:
-            if self._connection is not None and not self._connection.is_closed:
-                return self._connection
-            first = self._connection is None
+            old = self._connection
+            if old is not None and not old.is_closed and old.connected.is_set():
+                return old
+            first = old is None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.close()
             deadline = time.monotonic() + self._connect_timeout
             delay = 0.2
             while True:
@@ -477,6 +481,16 @@ class RabbitBroker(Broker):
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
+        channel = await self._control_queue(group, handler)
+        keeper = asyncio.create_task(self._keep_control(group, handler, channel))
+
+        async def unsubscribe() -> None:
+            await cancel_and_wait(keeper)
+
+        return unsubscribe
+
+    async def _control_queue(self, group: str, handler: Callable[[bytes], None]) -> AbstractChannel:
+        """A private queue bound to the group's heartbeats, consumed on its own channel."""
         channel = await self._open_channel()
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(topology.exchange_name(group), topology.control_routing_key(group))
@@ -485,12 +499,25 @@ class RabbitBroker(Broker):
             handler(message.body)
 
         await queue.consume(deliver, no_ack=True)
+        return channel
 
-        async def unsubscribe() -> None:
+    async def _keep_control(
+        self, group: str, handler: Callable[[bytes], None], channel: AbstractChannel
+    ) -> None:
+        """Subscribe again whenever the channel goes (a reconnect after a broker restart)."""
+        try:
+            while True:
+                while not channel.is_closed:
+                    await asyncio.sleep(POLL_SECONDS)
+                try:
+                    channel = await self._control_queue(group, handler)
+                    log.info("heartbeat subscription of group '%s' restored", group)
+                except (AMQPError, BrokerError, ConnectionError) as exc:
+                    log.warning("cannot restore the heartbeat subscription yet: %s", exc)
+                    await asyncio.sleep(1.0)
+        finally:
             with contextlib.suppress(Exception):
                 await channel.close()
-
-        return unsubscribe
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         channel = await self._open_channel()
