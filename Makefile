@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench bench-rebalance venv clean up scale down autoscale
+.PHONY: demo test test-slow lint bench bench-rebalance venv clean up scale down autoscale deploy-check
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,9 @@ autoscale: $(STAMP)  ## scale the local stack's clients from the backlog until C
 
 down: $(STAMP)  ## stop the local stack
 	$(BIN)/lbg local down
+
+deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
+	$(BIN)/python -m pytest tests/deploy $(ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
