@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench bench-rebalance venv clean up scale down autoscale deploy-check
+.PHONY: demo test test-solace test-slow lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay peak bench-replay
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ $(CHROMIUM):
 test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
 	$(BIN)/python -m pytest $(ARGS)
+
+test-solace: $(STAMP)  ## the live Solace tests: needs LBG_TEST_SOLACE_* (see README)
+	$(BIN)/python -m pytest -m solace tests/integration/test_solace_live.py $(ARGS)
 
 test-slow: $(STAMP)  ## long soak and scale tests only
 	$(BIN)/python -m pytest -m slow $(ARGS)
@@ -59,6 +62,23 @@ down: $(STAMP)  ## stop the local stack
 
 deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
 	$(BIN)/python -m pytest tests/deploy $(ARGS)
+
+# Spark needs Java 17 or 21 (Debian: openjdk-17-jre-headless); it finds `java` on the PATH.
+ROWS ?= 200000
+DATASET ?= var/dataset/black_friday.parquet
+
+dataset: $(STAMP)  ## the sample Black Friday order events as Parquet: make dataset ROWS=1000000
+	$(BIN)/lbg-dataset --output $(DATASET) --rows $(ROWS) $(ARGS)
+
+replay: $(STAMP)  ## Spark replay of the dataset into an embedded broker, clients and validator
+	@test -f $(DATASET) || $(MAKE) dataset
+	$(BIN)/python -m lbg.cli.replay_local $(DATASET) $(ARGS)
+
+peak: $(STAMP)  ## Locust peak load against an embedded broker; CSV, JSON and plot in var/peak/
+	$(BIN)/python loadtest/run_peak.py $(ARGS)
+
+bench-replay: $(STAMP)  ## Spark replay rows/s at local[2] against the raw hashed publisher
+	$(BIN)/python bench/replay.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -9,13 +9,14 @@ from lbg.settings import BrokerSettings
 
 NATS_SCHEMES = {"nats", "tls"}
 RABBITMQ_SCHEMES = {"amqp", "amqps"}
+SOLACE_SCHEMES = {"tcp", "tcps"}
 
 
 async def connect_broker(
     settings: BrokerSettings, client_name: str, priority_timeout: float = 2.0
 ) -> Broker:
     """Connect to the broker named by `settings.url`: nats:// or tls:// for NATS JetStream,
-    amqp:// or amqps:// for RabbitMQ."""
+    amqp:// or amqps:// for RabbitMQ, tcp:// or tcps:// for Solace PubSub+."""
     scheme = urlsplit(settings.url).scheme
     if scheme in NATS_SCHEMES:
         from lbg.broker.nats.adapter import NatsBroker
@@ -25,4 +26,8 @@ async def connect_broker(
         from lbg.broker.rabbitmq.adapter import RabbitBroker
 
         return await RabbitBroker.connect(settings, client_name)
+    if scheme in SOLACE_SCHEMES:
+        from lbg.broker.solace.adapter import connect
+
+        return await connect(settings, client_name, priority_timeout)
     raise BrokerError(f"broker url '{settings.url}': no adapter for scheme '{scheme}://'")

@@ -1,0 +1,568 @@
+"""Solace PubSub+ behind the broker interface, with the solace-pubsubplus messaging API.
+
+- Group store: the JNDI queue object `lbg/<group>` read and written over SEMP v2 (see
+  provision.py); the Python API cannot do JNDI lookups, so every daemon reads its group's
+  config over SEMP with `admin_url`, `admin_user` and `admin_secret()`.
+- Events: persistent messages on `<HP>/<bucket>/<key>`; publish returns once the broker's
+  publish receipt says the message is persisted, else raises PublishError.
+- Queues: one flow per binding on the group's exclusive queue, client acks, the
+  activation/passivation listener (binding.py). The session reconnects by itself, forever;
+  the API binds its flows again after a reconnect.
+- Control: direct (non-persistent) messages on `_lbgctl/<group>/members`.
+- Outputs: read_output browses the output queue `lbg.<group>.out` with a queue browser: the
+  messages kept there, oldest first, then new ones as they arrive, without consuming them.
+- Queue figures (`queue_status`): the SEMP v2 monitor API.
+
+The API calls back on its own threads: every callback is handed to the event loop with
+loop.call_soon_threadsafe, and blocking calls (connect, bind, unbind) run in worker threads.
+Destination levels become topic levels joined with '/', each level percent-encoded where it
+holds '/', '*', '>', '%' or a control character, so a key is always one level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import re
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from solace.messaging.config.receiver_activation_passivation_configuration import (
+    ReceiverState,
+    ReceiverStateChangeListener,
+)
+from solace.messaging.config.retry_strategy import RetryStrategy
+from solace.messaging.config.solace_properties import (
+    authentication_properties,
+    service_properties,
+    transport_layer_properties,
+)
+from solace.messaging.config.transport_security_strategy import TLS
+from solace.messaging.errors.pubsubplus_client_error import (
+    PublisherOverflowError,
+    PubSubPlusClientError,
+)
+from solace.messaging.messaging_service import (
+    MessagingService,
+    ReconnectionListener,
+    ServiceInterruptionListener,
+)
+from solace.messaging.publisher.outbound_message import OutboundMessage
+from solace.messaging.publisher.persistent_message_publisher import (
+    MessagePublishReceiptListener,
+    PublishReceipt,
+)
+from solace.messaging.receiver.inbound_message import InboundMessage
+from solace.messaging.receiver.message_receiver import MessageHandler
+from solace.messaging.resources.queue import Queue
+from solace.messaging.resources.topic import Topic
+from solace.messaging.resources.topic_subscription import TopicSubscription
+
+from lbg.broker.base import (
+    Broker,
+    BrokerError,
+    OutputMessage,
+    PublishError,
+    QueueBinding,
+    QueueStatus,
+    StateListener,
+)
+from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
+from lbg.broker.solace.provision import (
+    CONTROL_PREFIX,
+    Paths,
+    Provisioner,
+    output_queue_name,
+    queue_name,
+)
+from lbg.broker.solace.semp import MONITOR, SempClient
+from lbg.destinations import Destination, OutputKind
+from lbg.group import GroupConfig
+from lbg.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 10.0
+RETRY_INTERVAL_MS = 500
+KEEP_ALIVE_MS = 1000
+KEEP_ALIVE_MISSES = 3
+CONTROL_BUFFER = 10_000
+BROWSE_BATCH = 500
+BROWSE_WAIT_MS = 500
+ACTIVE_FLOW = "active-consumer"
+DEFAULT_USERNAME = "default"
+_TOPIC_UNSAFE = re.compile(r"[%/*>\x00-\x20\x7f]")
+
+
+def topic_level(level: str) -> str:
+    """One Solace topic level: '/', '*', '>', '%', spaces and control characters escaped."""
+    return _TOPIC_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), level)
+
+
+def topic_name(destination: Destination) -> str:
+    """The Solace topic of a destination: its levels joined with '/'."""
+    return "/".join(topic_level(level) for level in destination.levels)
+
+
+def control_topic(group: str) -> str:
+    """The group's membership heartbeats: `_lbgctl/<group>/members` (direct messages)."""
+    return f"{CONTROL_PREFIX}/{group}/members"
+
+
+def describe(exc: BaseException) -> str:
+    """One line from an API error, whose text is often a dict of the C library's error info."""
+    detail = exc.args[0] if exc.args else exc
+    if isinstance(detail, dict):
+        text = str(detail.get("error_info_contents") or detail.get("sub_code") or detail)
+    else:
+        text = str(detail) or type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+def session_properties(settings: BrokerSettings) -> dict[str, Any]:
+    """Host, Message VPN, basic credentials, keepalive and send timestamps for the session."""
+    return {
+        transport_layer_properties.HOST: settings.url,
+        service_properties.VPN_NAME: settings.vpn,
+        authentication_properties.SCHEME_BASIC_USER_NAME: settings.user or DEFAULT_USERNAME,
+        authentication_properties.SCHEME_BASIC_PASSWORD: settings.secret() or "",
+        transport_layer_properties.KEEP_ALIVE_INTERVAL: KEEP_ALIVE_MS,
+        transport_layer_properties.KEEP_ALIVE_WITHOUT_RESPONSE_LIMIT: KEEP_ALIVE_MISSES,
+        service_properties.GENERATE_SEND_TIMESTAMPS: True,
+    }
+
+
+def build_service(settings: BrokerSettings, name: str) -> MessagingService:
+    """The (unconnected) messaging service: retries for `connect_timeout`, reconnects forever,
+    and TLS with the system's CA certificates for tcps:// URLs."""
+    retries = max(1, math.ceil(settings.connect_timeout * 1000 / RETRY_INTERVAL_MS))
+    builder = (
+        MessagingService.builder()
+        .from_properties(session_properties(settings))
+        .with_connection_retry_strategy(
+            RetryStrategy.parametrized_retry(retries, RETRY_INTERVAL_MS)
+        )
+        .with_reconnection_retry_strategy(RetryStrategy.forever_retry(RETRY_INTERVAL_MS))
+    )
+    if settings.url.lower().startswith("tcps://"):
+        builder = builder.with_transport_security_strategy(tls_strategy())
+    return builder.build(name)
+
+
+def tls_strategy() -> TLS:
+    """Validate the broker's certificate and name against the system's CA directory."""
+    capath = ssl.get_default_verify_paths().capath
+    return TLS.create().with_certificate_validation(
+        ignore_expiration=False, validate_server_name=True, trust_store_file_path=capath
+    )
+
+
+def queue_resource(name: str, exclusive: bool) -> Queue:
+    """A provisioned (durable) queue; cg-admin created it, the client never does."""
+    if exclusive:
+        return Queue.durable_exclusive_queue(name)
+    return Queue.durable_non_exclusive_queue(name)
+
+
+def outbound_message(
+    service: MessagingService, body: bytes, headers: Mapping[str, str] | None
+) -> OutboundMessage:
+    """A message with the headers as user properties (the API wants a bytearray payload)."""
+    builder = service.message_builder()
+    for key, value in (headers or {}).items():
+        builder = builder.with_property(key, value)
+    return builder.build(bytearray(body))
+
+
+def inbound(message: InboundMessage) -> Inbound:
+    """Body, topic, user properties (as text) and the redelivered flag of a received message."""
+    properties = message.get_properties() or {}
+    return Inbound(
+        body=bytes(message.get_payload_as_bytes() or b""),
+        subject=message.get_destination_name() or "",
+        headers={str(k): str(v) for k, v in properties.items()},
+        redelivered=message.is_redelivered(),
+    )
+
+
+class _StateListener(ReceiverStateChangeListener):
+    """The broker's word on whether a flow is the active one, passed on as a bool."""
+
+    def __init__(self, changed: Callable[[bool], None]) -> None:
+        self._changed = changed
+
+    def on_change(self, old_state: ReceiverState, new_state: ReceiverState, change_time_stamp):
+        self._changed(new_state == ReceiverState.ACTIVE)
+
+
+class _Handler(MessageHandler):
+    """Passes every received message on (the API calls it on its own thread)."""
+
+    def __init__(self, received: Callable[[Any], None]) -> None:
+        self._received = received
+
+    def on_message(self, message: InboundMessage) -> None:
+        self._received(message)
+
+
+def receiver_builder(
+    service: MessagingService, exclusive: bool, changed: Callable[[bool], None]
+) -> Any:
+    """Client acks; on an exclusive queue, the activation/passivation listener too."""
+    builder = service.create_persistent_message_receiver_builder()
+    builder = builder.with_message_client_acknowledgement()
+    if exclusive:
+        builder = builder.with_activation_passivation_support(_StateListener(changed))
+    return builder
+
+
+class ReceiverFlow:
+    """A persistent receiver as the binding's Flow, with API errors as BrokerErrors."""
+
+    def __init__(self, receiver: Any, received: Callable[[Any], None], label: str) -> None:
+        self._receiver = receiver
+        self._handler = _Handler(received)
+        self._label = label
+
+    def start(self) -> None:
+        try:
+            self._receiver.start()
+            self._receiver.receive_async(self._handler)
+        except PubSubPlusClientError as exc:
+            raise BrokerError(f"cannot bind to queue '{self._label}': {describe(exc)}") from None
+
+    def ack(self, message: Any) -> None:
+        self._receiver.ack(message)
+
+    def terminate(self, grace_period: int = 0) -> None:
+        self._receiver.terminate(grace_period)
+
+
+class ReceiptBridge(MessagePublishReceiptListener):
+    """Turns publish receipts (on the API's thread) into the results of asyncio futures."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._ids = itertools.count()
+        self._pending: dict[int, tuple[asyncio.Future[None], str]] = {}
+
+    def expect(self, topic: str) -> tuple[int, asyncio.Future[None]]:
+        key = next(self._ids)
+        future = self._loop.create_future()
+        self._pending[key] = (future, topic)
+        return key, future
+
+    def forget(self, key: int) -> None:
+        self._pending.pop(key, None)
+
+    def on_publish_receipt(self, publish_receipt: PublishReceipt) -> None:
+        self._loop.call_soon_threadsafe(
+            self._settle,
+            publish_receipt.user_context,
+            publish_receipt.is_persisted,
+            publish_receipt.exception,
+        )
+
+    def _settle(self, key: int, persisted: bool, exception: BaseException | None) -> None:
+        future, topic = self._pending.pop(key, (None, ""))
+        if future is None or future.done():
+            return
+        if persisted and exception is None:
+            future.set_result(None)
+            return
+        reason = describe(exception) if exception is not None else "not persisted"
+        future.set_exception(PublishError(f"'{topic}' not persisted by the broker: {reason}"))
+
+
+class _ConnectionLog(ReconnectionListener, ServiceInterruptionListener):
+    """Logs the session's interruptions and reconnections."""
+
+    def on_reconnected(self, service_event: Any) -> None:
+        log.info("reconnected to the broker")
+
+    def on_service_interrupted(self, service_event: Any) -> None:
+        log.warning("broker connection lost: %s", service_event.get_message())
+
+
+async def queue_status(
+    semp: SempClient, vpn: str, group: str, config: GroupConfig
+) -> list[QueueStatus]:
+    """Backlog, unacked messages and active client of each queue, from the SEMP monitor API."""
+    paths = Paths(vpn)
+    status = []
+    for queue in range(config.queue_count):
+        name = queue_name(group, queue)
+        document = await semp.document("GET", paths.queue(name), api=MONITOR)
+        flows = await semp.list(
+            f"{paths.queue(name)}/txFlows", api=MONITOR, select="clientName,activityState"
+        )
+        active = next(
+            (f["clientName"] for f in flows if f.get("activityState") == ACTIVE_FLOW), None
+        )
+        backlog = document.get("collections", {}).get("msgs", {}).get("count", 0)
+        status.append(
+            QueueStatus(
+                queue=queue,
+                name=name,
+                buckets=config.buckets_for_queue(queue),
+                backlog=int(backlog),
+                in_flight=int(document.get("data", {}).get("txUnackedMsgCount", 0)),
+                active_client=active,
+            )
+        )
+    return status
+
+
+class SolaceBroker(Broker):
+    """The broker interface on one Solace PubSub+ Message VPN."""
+
+    def __init__(
+        self,
+        service: MessagingService,
+        settings: BrokerSettings,
+        name: str,
+        semp: SempClient | None = None,
+    ) -> None:
+        self._service = service
+        self._settings = settings
+        self._name = name
+        self._semp = semp
+        self._loop = asyncio.get_running_loop()
+        self._receipts = ReceiptBridge(self._loop)
+        self._publisher: Any = None
+        self._direct: Any = None
+        self._receivers: set[Any] = set()
+
+    @classmethod
+    async def connect(
+        cls, settings: BrokerSettings, name: str, priority_timeout: float = 2.0
+    ) -> SolaceBroker:
+        """Connect and start the publishers. `priority_timeout` has no Solace equivalent: the
+        broker alone decides when a flow stops being active."""
+        service = build_service(settings, name)
+        events = _ConnectionLog()
+        service.add_reconnection_listener(events)
+        service.add_service_interruption_listener(events)
+        try:
+            await asyncio.to_thread(service.connect)
+        except PubSubPlusClientError as exc:
+            raise BrokerError(
+                f"cannot connect to {settings.url} within {settings.connect_timeout:g}s"
+                f" ({describe(exc)})"
+            ) from None
+        broker = cls(service, settings, name)
+        try:
+            await asyncio.to_thread(broker._start_publishers)
+        except PubSubPlusClientError as exc:
+            await broker.close()
+            raise BrokerError(
+                f"cannot start publishing on {settings.url}: {describe(exc)}"
+            ) from None
+        return broker
+
+    def _start_publishers(self) -> None:
+        publisher = (
+            self._service.create_persistent_message_publisher_builder()
+            .on_back_pressure_elastic()
+            .build()
+        )
+        publisher.set_message_publish_receipt_listener(self._receipts)
+        publisher.start()
+        self._publisher = publisher
+        direct = (
+            self._service.create_direct_message_publisher_builder()
+            .on_back_pressure_reject(CONTROL_BUFFER)
+            .build()
+        )
+        direct.start()
+        self._direct = direct
+
+    async def close(self) -> None:
+        for receiver in [self._publisher, self._direct, *self._receivers]:
+            if receiver is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(receiver.terminate, 0)
+        self._receivers.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._service.disconnect)
+        if self._semp is not None:
+            await self._semp.close()
+
+    def _admin(self) -> Provisioner:
+        """The SEMP side: groups live in JNDI objects that only SEMP can read."""
+        if self._semp is None:
+            settings = self._settings
+            if not settings.admin_url:
+                raise BrokerError(
+                    "broker admin_url is not set: on Solace the group configs live in JNDI"
+                    " objects that are read over SEMP (e.g. https://broker:1943)"
+                )
+            user = settings.admin_user or settings.user or "admin"
+            password = settings.admin_secret() or settings.secret() or ""
+            self._semp = SempClient(settings.admin_url, user, password)
+        return Provisioner(self._semp, self._settings.vpn)
+
+    async def create_group(
+        self, name: str, config: GroupConfig, client_password: str | None = None
+    ) -> None:
+        await self._admin().create_group(name, config, client_password)
+
+    async def read_group(self, name: str) -> GroupConfig:
+        return await self._admin().read_group(name)
+
+    async def list_groups(self) -> dict[str, GroupConfig]:
+        return await self._admin().list_groups()
+
+    async def delete_group(self, name: str) -> None:
+        await self._admin().delete_group(name)
+
+    async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        admin = self._admin()
+        return await queue_status(admin.semp, admin.vpn, name, config)
+
+    async def publish(
+        self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        target = topic_name(destination)
+        key, receipt = self._receipts.expect(target)
+        try:
+            message = outbound_message(self._service, body, headers)
+            self._publisher.publish(message, Topic.of(target), user_context=key)
+        except PubSubPlusClientError as exc:
+            self._receipts.forget(key)
+            raise PublishError(f"'{target}' not sent: {describe(exc)}") from None
+        try:
+            await asyncio.wait_for(receipt, PUBLISH_TIMEOUT)
+        except TimeoutError:
+            self._receipts.forget(key)
+            raise PublishError(
+                f"no publish receipt for '{target}' within {PUBLISH_TIMEOUT:g}s"
+            ) from None
+
+    async def bind(
+        self,
+        group: str,
+        config: GroupConfig,
+        queue: int,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> QueueBinding:
+        name = queue_name(group, queue)
+        exclusive = config.exclusive
+
+        def open_flow(changed: Callable[[bool], None], received: Callable[[Any], None]):
+            receiver = receiver_builder(self._service, exclusive, changed).build(
+                queue_resource(name, exclusive)
+            )
+            return ReceiverFlow(receiver, received, name)
+
+        binding = SolaceQueueBinding(
+            queue,
+            open_flow,
+            inbound,
+            exclusive=exclusive,
+            client_id=client_id,
+            preferred=preferred,
+            on_change=on_change,
+        )
+        try:
+            await binding.start()
+        except BrokerError as exc:
+            raise BrokerError(f"group '{group}' queue {queue}: {exc}") from None
+        return binding
+
+    async def publish_control(self, group: str, body: bytes) -> None:
+        """Best effort: a full send buffer drops the heartbeat rather than wait."""
+        try:
+            self._direct.publish(bytearray(body), Topic.of(control_topic(group)))
+        except PublisherOverflowError:
+            log.debug("control message for group '%s' dropped: send buffer full", group)
+        except PubSubPlusClientError as exc:
+            raise BrokerError(f"control message not sent: {describe(exc)}") from None
+
+    async def subscribe_control(
+        self, group: str, handler: Callable[[bytes], None]
+    ) -> Callable[[], Awaitable[None]]:
+        loop = self._loop
+
+        def received(message: InboundMessage) -> None:
+            loop.call_soon_threadsafe(handler, bytes(message.get_payload_as_bytes() or b""))
+
+        def start() -> Any:
+            receiver = (
+                self._service.create_direct_message_receiver_builder()
+                .with_subscriptions([TopicSubscription.of(control_topic(group))])
+                .build()
+            )
+            receiver.start()
+            receiver.receive_async(_Handler(received))
+            return receiver
+
+        try:
+            receiver = await asyncio.to_thread(start)
+        except PubSubPlusClientError as exc:
+            raise BrokerError(
+                f"cannot subscribe to '{control_topic(group)}': {describe(exc)}"
+            ) from None
+        self._receivers.add(receiver)
+
+        async def unsubscribe() -> None:
+            self._receivers.discard(receiver)
+            await asyncio.to_thread(receiver.terminate, 0)
+
+        return unsubscribe
+
+    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""
+        if not hasattr(self._service, "create_message_queue_browser_builder"):
+            raise BrokerError(
+                "reading outputs needs a solace-pubsubplus release with queue browsing"
+                " (MessageQueueBrowser); upgrade solace-pubsubplus"
+            )
+        name = output_queue_name(group)
+        browser = self._service.create_message_queue_browser_builder().build(
+            Queue.durable_non_exclusive_queue(name)
+        )
+        try:
+            await asyncio.to_thread(browser.start)
+        except PubSubPlusClientError as exc:
+            raise BrokerError(f"cannot browse queue '{name}': {describe(exc)}") from None
+        kinds = {kind.value: kind for kind in OutputKind}
+        try:
+            while True:
+                for message in await asyncio.to_thread(_browse, browser):
+                    received = inbound(message)
+                    kind = kinds.get(received.subject.rsplit("/", 1)[-1])
+                    if kind is not None:
+                        sent = message.get_sender_timestamp()
+                        at = sent / 1000 if sent else None
+                        yield OutputMessage(kind, received.body, received.headers, at)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(browser.terminate, 0)
+
+
+def _browse(browser: Any) -> list[InboundMessage]:
+    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there."""
+    first = browser.receive_message(BROWSE_WAIT_MS)
+    if first is None:
+        return []
+    batch = [first]
+    while len(batch) < BROWSE_BATCH:
+        message = browser.receive_message(0)
+        if message is None:
+            break
+        batch.append(message)
+    return batch
+
+
+async def connect(
+    settings: BrokerSettings, name: str, priority_timeout: float = 2.0
+) -> SolaceBroker:
+    """Connect to the Solace broker in `settings` (tcp:// or tcps://)."""
+    return await SolaceBroker.connect(settings, name, priority_timeout)

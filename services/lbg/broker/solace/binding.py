@@ -1,0 +1,290 @@
+"""One client's binding to one Solace queue: a persistent receiver (a flow) with client acks.
+
+The broker tells each flow bound to an exclusive queue whether it is the active one (the
+activation/passivation listener) and delivers only to that flow. The binding is active while
+its flow is. Passivation fences it: the epoch is bumped and buffered deliveries are dropped,
+so owns() is False for all of them; the broker hands their unacked messages to the new active
+flow. A delivered message also proves its flow active: the API calls the listener and the
+message handler on different threads, so the first message can overtake the activation.
+
+Giving the queue up (release, fence while active, suspend, close) unbinds the flow, which is
+Solace's order-safe hand-over: the broker puts the unacked messages back, in order, for the
+next flow. Callbacks of an unbound flow are ignored. Release then waits and binds again, at
+the back of the standby line, as the original's cycling of secondary connections did.
+
+No Solace equivalent, nearest behaviour instead: the broker shows other clients no token of
+a flow's ownership, so `pinned_by` answers None (nobody known) and `evict` does nothing and
+answers False: a gone owner loses its queue when the broker finds its session dead
+(keepalive), not earlier. A standby cannot ask the broker to be chosen next, so
+`set_preferred` only decides whether the binding reports itself as waiting for the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lbg.aio import cancel_and_wait
+from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
+
+log = logging.getLogger(__name__)
+
+REBIND_BACKOFF = (0.2, 5.0)
+
+
+class Flow(Protocol):
+    """The part of a persistent receiver the binding uses; `start` binds it (blocking)."""
+
+    def start(self) -> None: ...
+
+    def ack(self, message: Any) -> None: ...
+
+    def terminate(self, grace_period: int = ...) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """What the binding needs of one received message."""
+
+    body: bytes
+    subject: str
+    headers: Mapping[str, str]
+    redelivered: bool
+
+
+# Builds a flow, not yet bound; once started, its callbacks are called on the API's threads.
+OpenFlow = Callable[[Callable[[bool], None], Callable[[Any], None]], Flow]
+
+
+class SolaceQueueBinding(QueueBinding):
+    """One flow on one of the group's queues at a time, active or standing by."""
+
+    def __init__(
+        self,
+        queue: int,
+        open_flow: OpenFlow,
+        read: Callable[[Any], Inbound],
+        exclusive: bool,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> None:
+        self.queue = queue
+        self._open = open_flow
+        self._read = read
+        self._exclusive = exclusive
+        self._client_id = client_id
+        self._preferred = preferred
+        self._on_change = on_change
+        self._loop = asyncio.get_running_loop()
+        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._flow: Flow | None = None
+        self._stint = 0
+        self._epoch = 0
+        self._active = not exclusive
+        self._suspended = False
+        self._closed = False
+        self._bind_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Bind the first flow; errors reach the caller."""
+        await self._bind()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def pin(self) -> str | None:
+        """A token naming this client's current flow, while it is the active one."""
+        if not self._exclusive or not self.active:
+            return None
+        return f"{self._client_id}/{self.queue}/{self._stint}"
+
+    @property
+    def waiting(self) -> bool:
+        return (
+            self._exclusive
+            and self._preferred
+            and not self._active
+            and self._flow is not None
+            and not self._suspended
+        )
+
+    def set_preferred(self, preferred: bool) -> None:
+        self._preferred = preferred
+
+    def suspend(self, suspended: bool) -> None:
+        """Suspended: unbind (out of the standby line too); resumed: bind again."""
+        if suspended == self._suspended or self._closed:
+            return
+        self._suspended = suspended
+        if suspended:
+            self._spawn(self._terminate(self._drop_flow("suspended")))
+        else:
+            self._spawn(self._rebind())
+
+    async def pinned_by(self) -> str | None:
+        """None: Solace does not show other clients which flow is active (see module doc)."""
+        return None
+
+    async def evict(self, pin: str) -> bool:
+        """False: the messaging API cannot unbind another client's flow (see module doc)."""
+        return False
+
+    def owns(self, delivery: Delivery) -> bool:
+        return delivery.epoch == self._epoch and self.active
+
+    async def next(self) -> Delivery:
+        while True:
+            delivery = await self._buffer.get()
+            if delivery.epoch == self._epoch:
+                return delivery
+
+    async def ack(self, delivery: Delivery) -> bool:
+        if not self.owns(delivery):
+            return False
+        stint, message = delivery.token  # type: ignore[misc]
+        flow = self._flow
+        if flow is None or stint != self._stint:
+            return False
+        try:
+            flow.ack(message)
+        except Exception as exc:
+            self.fence(f"ack failed: {exc}")
+            return False
+        return True
+
+    def fence(self, reason: str) -> None:
+        """Drop everything delivered so far; an active flow is unbound so the broker
+        redelivers its unacked messages, then it binds again as a standby."""
+        if not self.active:
+            self._lose(reason)
+            return
+        flow = self._drop_flow(reason)
+        self._spawn(self._cycle(flow, 0.0))
+
+    async def release(self, standby_delay: float) -> None:
+        if not self._exclusive:
+            return
+        await self._cycle(self._drop_flow("released for handover"), standby_delay)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            await cancel_and_wait(task)
+        await self._terminate(self._drop_flow("closed"))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine, name=f"solace-binding-{self.queue}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _bind(self) -> None:
+        async with self._bind_lock:
+            if self._flow is not None or self._closed or self._suspended:
+                return
+            self._stint += 1
+            stint = self._stint
+            loop = self._loop
+
+            def on_state(active: bool) -> None:
+                loop.call_soon_threadsafe(self._on_state, stint, active)
+
+            def on_message(message: Any) -> None:
+                loop.call_soon_threadsafe(self._on_message, stint, message)
+
+            flow = self._open(on_state, on_message)
+            self._flow = flow
+            try:
+                await asyncio.to_thread(flow.start)
+            except BaseException:
+                if self._flow is flow:
+                    self._drop_flow("bind failed")
+                raise
+            if stint != self._stint:
+                await self._terminate(flow)
+
+    async def _rebind(self) -> None:
+        """Bind again, retrying with backoff while the broker is unreachable."""
+        delay, ceiling = REBIND_BACKOFF
+        while not self._closed and not self._suspended and self._flow is None:
+            try:
+                await self._bind()
+                return
+            except BrokerError as exc:
+                log.warning("queue %d: bind failed (%s); retrying in %.1fs", self.queue, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ceiling)
+
+    async def _cycle(self, flow: Flow | None, delay: float) -> None:
+        """Unbind `flow`, wait, and stand by again."""
+        await self._terminate(flow)
+        await asyncio.sleep(delay)
+        await self._rebind()
+
+    async def _terminate(self, flow: Flow | None) -> None:
+        if flow is None:
+            return
+        try:
+            await asyncio.to_thread(flow.terminate, 0)
+        except Exception as exc:
+            log.warning("queue %d: unbind failed: %s", self.queue, exc)
+
+    def _drop_flow(self, reason: str) -> Flow | None:
+        """Stop owning and forget the flow now; its later callbacks are ignored."""
+        flow, self._flow = self._flow, None
+        self._stint += 1
+        self._lose(reason)
+        return flow
+
+    def _lose(self, reason: str) -> None:
+        """Fence: bump the epoch and drop what is buffered so nothing more is processed or acked."""
+        self._epoch += 1
+        while not self._buffer.empty():
+            self._buffer.get_nowait()
+        if self._exclusive:
+            self._set_active(False, reason)
+
+    def _set_active(self, active: bool, reason: str) -> None:
+        if active == self._active:
+            return
+        self._active = active
+        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
+        if self._on_change is not None:
+            self._on_change(self.queue, active)
+
+    def _on_state(self, stint: int, active: bool) -> None:
+        if stint != self._stint:
+            return
+        if active:
+            self._set_active(True, "activated by the broker")
+        else:
+            self._lose("passivated by the broker")
+
+    def _on_message(self, stint: int, message: Any) -> None:
+        if stint != self._stint:
+            return
+        try:
+            inbound = self._read(message)
+        except Exception as exc:
+            log.warning("queue %d: unreadable message handed on empty: %s", self.queue, exc)
+            inbound = Inbound(b"", "", {}, False)
+        if not self._active:
+            self._set_active(True, "the broker delivers to this flow")
+        self._buffer.put_nowait(
+            Delivery(
+                body=inbound.body,
+                subject=inbound.subject,
+                headers=inbound.headers,
+                redelivered=inbound.redelivered,
+                epoch=self._epoch,
+                token=(stint, message),
+            )
+        )

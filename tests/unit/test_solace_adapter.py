@@ -1,0 +1,388 @@
+"""The Solace adapter without a broker: the API objects it builds, and the binding's states.
+
+solace-pubsubplus builds services, queues, topics, messages and receivers without a
+connection; an InboundMessage cannot be built, so the binding is driven through a fake flow
+whose callbacks come from another thread, as the API's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from solace.messaging.config.receiver_activation_passivation_configuration import ReceiverState
+from solace.messaging.config.solace_properties import (
+    authentication_properties,
+    service_properties,
+    transport_layer_properties,
+)
+from solace.messaging.messaging_service import MessagingService
+from solace.messaging.resources.topic import Topic
+
+from lbg.broker.base import BrokerError, PublishError
+from lbg.broker.solace import adapter
+from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
+from lbg.destinations import Destination, OutputKind, event_destination, output_destination
+from lbg.settings import BrokerSettings
+
+SETTINGS = BrokerSettings(
+    url="tcp://127.0.0.1:55555", user="cu1", password="pw", vpn="lbg-vpn", connect_timeout=2
+)
+
+
+def test_session_properties_name_host_vpn_and_credentials() -> None:
+    properties = adapter.session_properties(SETTINGS)
+    assert properties[transport_layer_properties.HOST] == "tcp://127.0.0.1:55555"
+    assert properties[service_properties.VPN_NAME] == "lbg-vpn"
+    assert properties[authentication_properties.SCHEME_BASIC_USER_NAME] == "cu1"
+    assert properties[authentication_properties.SCHEME_BASIC_PASSWORD] == "pw"
+    assert properties[service_properties.GENERATE_SEND_TIMESTAMPS] is True
+
+
+def test_the_messaging_service_builds_without_connecting() -> None:
+    service = adapter.build_service(SETTINGS, "lbg-client-1")
+    assert isinstance(service, MessagingService)
+    assert service.get_application_id() == "lbg-client-1"
+    assert not service.is_connected
+    secure = BrokerSettings(url="tcps://127.0.0.1:55443", vpn="v")
+    assert not adapter.build_service(secure, "x").is_connected
+
+
+def test_tls_validates_against_the_system_ca_directory() -> None:
+    configuration = adapter.tls_strategy().security_configuration
+    assert any("/" in str(value) for value in configuration.values())
+
+
+def test_queues_are_durable_and_exclusive_as_configured() -> None:
+    exclusive = adapter.queue_resource("lbg.g.q0", exclusive=True)
+    assert (
+        exclusive.get_name(),
+        exclusive.is_durable(),
+        exclusive.is_exclusively_accessible(),
+    ) == (
+        "lbg.g.q0",
+        True,
+        True,
+    )
+    assert not adapter.queue_resource("lbg.g.q0", exclusive=False).is_exclusively_accessible()
+
+
+def test_destination_levels_become_topic_levels() -> None:
+    assert adapter.topic_name(event_destination("orders", 7, "acct-42")) == "orders/7/acct-42"
+    assert (
+        adapter.topic_name(Destination(("hp", "1", "a/b*c>d%e f"))) == "hp/1/a%2Fb%2Ac%3Ed%25e%20f"
+    )
+    kind = OutputKind.VALIDATION
+    assert adapter.topic_name(output_destination("g1", kind)) == "_lbg/g1/validation"
+    assert adapter.control_topic("g1") == "_lbgctl/g1/members"
+    assert Topic.of(adapter.topic_name(event_destination("hp", 0, "k"))).get_name() == "hp/0/k"
+
+
+def test_outbound_messages_carry_headers_as_properties() -> None:
+    service = adapter.build_service(SETTINGS, "p")
+    message = adapter.outbound_message(service, b"\x00body", {"Lbg-Seq": "12", "Lbg-Key": "k"})
+    assert message.get_properties() == {"Lbg-Seq": "12", "Lbg-Key": "k"}
+    assert bytes(message.get_payload_as_bytes()) == b"\x00body"
+    assert adapter.outbound_message(service, b"", None).get_properties() in ({}, None)
+
+
+def test_receiver_uses_client_acks_and_the_activation_listener() -> None:
+    service = adapter.build_service(SETTINGS, "c")
+    changes: list[bool] = []
+    builder = adapter.receiver_builder(service, exclusive=True, changed=changes.append)
+    assert builder._auto_ack is False
+    listener = builder._receiver_state_change_listener
+    assert isinstance(listener, adapter._StateListener)
+    listener.on_change(ReceiverState.PASSIVE, ReceiverState.ACTIVE, 0)
+    listener.on_change(ReceiverState.ACTIVE, ReceiverState.PASSIVE, 0)
+    assert changes == [True, False]
+    receiver = builder.build(adapter.queue_resource("lbg.g.q1", exclusive=True))
+    assert (receiver._queue_name, receiver._is_exclusive, receiver._auto_ack) == (
+        "lbg.g.q1",
+        True,
+        False,
+    )
+    assert not receiver.is_running()
+    shared = adapter.receiver_builder(service, exclusive=False, changed=changes.append)
+    assert shared._receiver_state_change_listener is None
+
+
+def test_api_errors_become_one_line() -> None:
+    error = Exception({"sub_code": "X", "error_info_contents": "TCP connection\nfailure"})
+    assert adapter.describe(error) == "TCP connection failure"
+    assert adapter.describe(ValueError("plain")) == "plain"
+
+
+def test_publish_receipts_from_another_thread_settle_the_publish() -> None:
+    async def scenario() -> None:
+        bridge = adapter.ReceiptBridge(asyncio.get_running_loop())
+        ok_key, ok = bridge.expect("hp/1/k")
+        bad_key, bad = bridge.expect("hp/2/k")
+        receipts = [
+            SimpleNamespace(user_context=ok_key, is_persisted=True, exception=None),
+            SimpleNamespace(
+                user_context=bad_key, is_persisted=False, exception=Exception("spool full")
+            ),
+            SimpleNamespace(user_context=999, is_persisted=True, exception=None),
+        ]
+        thread = threading.Thread(target=lambda: [bridge.on_publish_receipt(r) for r in receipts])
+        thread.start()
+        thread.join()
+        await asyncio.wait_for(ok, 1)
+        with pytest.raises(PublishError, match="'hp/2/k' not persisted by the broker: spool full"):
+            await asyncio.wait_for(bad, 1)
+
+    asyncio.run(scenario())
+
+
+class FakeFlow:
+    """A flow whose broker events are sent from a separate thread, like the API's."""
+
+    def __init__(self, on_state: Callable[[bool], None], on_message: Callable[[Any], None]):
+        self.on_state = on_state
+        self.on_message = on_message
+        self.started = False
+        self.terminated = False
+        self.acked: list[Any] = []
+        self.fail_start = False
+
+    def start(self) -> None:
+        if self.fail_start:
+            raise BrokerError("cannot bind")
+        self.started = True
+
+    def ack(self, message: Any) -> None:
+        self.acked.append(message)
+
+    def terminate(self, grace_period: int = 0) -> None:
+        self.terminated = True
+
+    def send(self, *events: Any) -> None:
+        """Broker events from another thread: True/False (activity) or a message body."""
+
+        def emit() -> None:
+            for event in events:
+                if isinstance(event, bool):
+                    self.on_state(event)
+                else:
+                    self.on_message(event)
+
+        thread = threading.Thread(target=emit)
+        thread.start()
+        thread.join()
+
+
+def read(body: bytes) -> Inbound:
+    return Inbound(body, "hp/0/k", {"h": "1"}, False)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+async def make_binding(
+    exclusive: bool = True, changes: list[tuple[int, bool]] | None = None
+) -> tuple[SolaceQueueBinding, list[FakeFlow]]:
+    flows: list[FakeFlow] = []
+
+    def open_flow(on_state: Callable[[bool], None], on_message: Callable[[Any], None]) -> FakeFlow:
+        flows.append(FakeFlow(on_state, on_message))
+        return flows[-1]
+
+    def changed(queue: int, active: bool) -> None:
+        if changes is not None:
+            changes.append((queue, active))
+
+    binding = SolaceQueueBinding(3, open_flow, read, exclusive, "client-a", on_change=changed)
+    await binding.start()
+    return binding, flows
+
+
+def test_a_binding_is_active_while_its_flow_is() -> None:
+    async def scenario() -> None:
+        changes: list[tuple[int, bool]] = []
+        binding, flows = await make_binding(changes=changes)
+        assert flows[0].started and not binding.active and binding.waiting
+        assert binding.pin is None
+        flows[0].send(True, b"m1")
+        await settle()
+        assert binding.active and not binding.waiting
+        assert binding.pin == f"client-a/3/{1}"
+        delivery = await asyncio.wait_for(binding.next(), 1)
+        assert (delivery.body, delivery.headers) == (b"m1", {"h": "1"})
+        assert binding.owns(delivery)
+        assert await binding.ack(delivery)
+        assert flows[0].acked == [b"m1"]
+        assert changes == [(3, True)]
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_passivation_fences_what_was_delivered() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(True, b"m1", b"m2")
+        await settle()
+        first = await binding.next()
+        flows[0].send(False)
+        await settle()
+        assert not binding.active
+        assert not binding.owns(first)
+        assert not await binding.ack(first)
+        assert flows[0].acked == []
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(binding.next(), 0.05)
+        flows[0].send(True, b"m1")
+        await settle()
+        again = await binding.next()
+        assert again.epoch > first.epoch and binding.owns(again)
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_message_proves_the_flow_active_even_before_the_listener_says_so() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(b"m1")
+        await settle()
+        assert binding.active
+        delivery = await binding.next()
+        flows[0].send(True)
+        await settle()
+        assert binding.owns(delivery) and await binding.ack(delivery)
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_fence_unbinds_the_active_flow_and_stands_by_again() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(True, b"m1")
+        await settle()
+        delivery = await binding.next()
+        binding.fence("lease lapsed")
+        assert not binding.owns(delivery) and not binding.active
+        await settle()
+        assert flows[0].terminated and len(flows) == 2 and flows[1].started
+        flows[0].send(True, b"late")
+        await settle()
+        assert not binding.active
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(binding.next(), 0.05)
+        assert not await binding.ack(delivery)
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_fencing_a_standby_keeps_its_flow() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        binding.fence("member stalled")
+        await settle()
+        assert len(flows) == 1 and not flows[0].terminated
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_release_unbinds_waits_and_binds_again() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(True)
+        await settle()
+        release = asyncio.create_task(binding.release(0.1))
+        await asyncio.sleep(0.05)
+        assert flows[0].terminated and not binding.active and len(flows) == 1
+        await release
+        assert len(flows) == 2 and flows[1].started and binding.waiting
+        await binding.close()
+        assert flows[1].terminated
+
+    asyncio.run(scenario())
+
+
+def test_suspend_leaves_the_line_and_resume_rejoins_it() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        binding.suspend(True)
+        await settle()
+        assert flows[0].terminated and not binding.waiting and len(flows) == 1
+        binding.suspend(False)
+        await settle()
+        assert len(flows) == 2 and flows[1].started and binding.waiting
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_rebind_is_retried() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(True)
+        await settle()
+        original = binding._open
+
+        def failing_once(on_state: Any, on_message: Any) -> Any:
+            flow = original(on_state, on_message)
+            flow.fail_start = len(flows) == 2
+            return flow
+
+        binding._open = failing_once
+        await binding.release(0)
+        await asyncio.sleep(0.4)
+        assert [f.started for f in flows] == [True, False, True]
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_non_exclusive_bindings_are_always_active_and_never_release() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding(exclusive=False)
+        assert binding.active and binding.pin is None and not binding.waiting
+        await binding.release(0)
+        assert not flows[0].terminated
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_no_solace_equivalent_for_pinned_by_and_evict() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].send(True)
+        await settle()
+        assert await binding.pinned_by() is None
+        assert await binding.evict("client-b/3/1") is False
+        assert binding.active
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_read_output_refuses_clearly_without_queue_browsing() -> None:
+    async def scenario() -> None:
+        service = SimpleNamespace()
+        broker = adapter.SolaceBroker(service, SETTINGS, "v")  # type: ignore[arg-type]
+        with pytest.raises(BrokerError, match="queue browsing"):
+            await anext(broker.read_output("g1"))
+
+    asyncio.run(scenario())
+
+
+def test_group_store_needs_the_semp_url() -> None:
+    async def scenario() -> None:
+        broker = adapter.SolaceBroker(SimpleNamespace(), SETTINGS, "v")  # type: ignore[arg-type]
+        with pytest.raises(BrokerError, match="admin_url is not set"):
+            await broker.read_group("g1")
+
+    asyncio.run(scenario())
