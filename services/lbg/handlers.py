@@ -48,6 +48,7 @@ async def republish(event: Event, context: Context) -> None:
         queue=context.queue,
         bucket=context.bucket,
         redelivered=context.redelivered,
+        published_at=event.ts,
     )
     await context.broker.publish(
         output_destination(context.group, OutputKind.VALIDATION), encode_processed(record)

@@ -22,11 +22,13 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One keyed event as the publisher sends it: key, per-key sequence (from 1) and data."""
+    """One keyed event as the publisher sends it: key, per-key sequence (from 1), data, and
+    when it was first published (epoch seconds), which lets the validator measure lag."""
 
     key: str
     seq: int
     data: Any = None
+    ts: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class Processed:
     queue: int
     bucket: int
     redelivered: bool = False
+    published_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,10 @@ def _load_object(body: bytes) -> dict[str, Any]:
 
 def encode_event(event: Event) -> bytes:
     """Serialise an event for the broker."""
-    return orjson.dumps({"k": event.key, "s": event.seq, "d": event.data})
+    document: dict[str, Any] = {"k": event.key, "s": event.seq, "d": event.data}
+    if event.ts is not None:
+        document["t"] = event.ts
+    return orjson.dumps(document)
 
 
 def decode_event(body: bytes) -> Event:
@@ -97,21 +103,24 @@ def decode_event(body: bytes) -> Event:
     for field in ("k", "s"):
         if field not in obj:
             raise MalformedMessage(f"missing field '{field}'")
-    return Event(key=check_key(obj["k"]), seq=_check_seq(obj["s"]), data=obj.get("d"))
+    return Event(
+        key=check_key(obj["k"]), seq=_check_seq(obj["s"]), data=obj.get("d"), ts=_check_ts(obj)
+    )
 
 
 def encode_processed(record: Processed) -> bytes:
     """Serialise a processed record for the validation destination."""
-    return orjson.dumps(
-        {
-            "k": record.key,
-            "s": record.seq,
-            "c": record.client,
-            "q": record.queue,
-            "b": record.bucket,
-            "r": record.redelivered,
-        }
-    )
+    document: dict[str, Any] = {
+        "k": record.key,
+        "s": record.seq,
+        "c": record.client,
+        "q": record.queue,
+        "b": record.bucket,
+        "r": record.redelivered,
+    }
+    if record.published_at is not None:
+        document["t"] = record.published_at
+    return orjson.dumps(document)
 
 
 def decode_processed(body: bytes) -> Processed:
@@ -125,9 +134,25 @@ def decode_processed(body: bytes) -> Processed:
             queue=int(obj["q"]),
             bucket=int(obj["b"]),
             redelivered=bool(obj.get("r", False)),
+            published_at=_check_ts(obj),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedMessage(f"bad processed record: {exc!r}") from None
+
+
+def _check_ts(obj: Mapping[str, Any]) -> float | None:
+    """The optional publish time `t`: a finite number of epoch seconds, if present."""
+    ts = obj.get("t")
+    if ts is None:
+        return None
+    if (
+        isinstance(ts, bool)
+        or not isinstance(ts, int | float)
+        or ts != ts
+        or abs(ts) == float("inf")
+    ):
+        raise MalformedMessage(f"t must be a number of seconds, got {ts!r}")
+    return float(ts)
 
 
 def _chunk_keys(keys: list[str]) -> list[list[str]]:

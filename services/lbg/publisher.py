@@ -8,6 +8,7 @@ are in flight at once (up to `window`), which keeps throughput high.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -196,7 +197,7 @@ class HashedPublisher:
     async def _publish(self, event: Event) -> None:
         bucket = self._config.bucket_for_key(event.key)
         destination = event_destination(self._config.hash_prefix, bucket, event.key)
-        body = encode_event(event)
+        body = encode_event(dataclasses.replace(event, ts=time.time()))
         delay = 0.1
         for attempt in range(RETRIES + 1):
             started = time.monotonic()

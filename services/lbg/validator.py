@@ -51,6 +51,7 @@ class Validator:
         self.malformed_records = 0
         self.last_message = time.monotonic()
         self._on_queue_change = on_queue_change
+        self.key_lag: dict[str, float] = {}
 
     def handle(self, message: OutputMessage) -> None:
         """Account for one message from the group's output destinations."""
@@ -68,6 +69,8 @@ class Validator:
 
     def _processed(self, message: OutputMessage) -> None:
         record = decode_processed(message.body)
+        if record.published_at is not None and message.at is not None:
+            self.key_lag[record.key] = max(0.0, message.at - record.published_at)
         owner = self.checker.queue_owner(record.queue)
         observation = self.checker.observe(record.key, record.seq, record.client, record.queue)
         if owner != record.client:
@@ -161,6 +164,19 @@ class Validator:
         lost = -1 if report.lost is None else report.lost
         yield gauge(
             "lbg_validator_lost", "Published events never processed (-1: unknown).", group, lost
+        )
+        lags = self.key_lag.values()
+        yield gauge(
+            "lbg_validator_key_lag_max_seconds",
+            "Publish to processed record, the largest over keys (each key's latest event).",
+            group,
+            max(lags, default=0.0),
+        )
+        yield gauge(
+            "lbg_validator_key_lag_mean_seconds",
+            "Publish to processed record, averaged over keys (each key's latest event).",
+            group,
+            sum(lags) / len(lags) if lags else 0.0,
         )
         idle = time.monotonic() - self.last_message
         yield gauge("lbg_validator_idle_seconds", "Seconds since the last record.", group, idle)

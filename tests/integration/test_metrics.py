@@ -72,3 +72,9 @@ def test_client_publisher_and_validator_metrics_count_the_same_events(
     assert validator["lbg_validator_reordered"] == 0
     assert validator["lbg_validator_duplicates"] == 0
     assert validator["lbg_validator_lost"] == -1, "no summary was sent: loss is unknown"
+    assert 0 < validator["lbg_validator_key_lag_max_seconds"] < 30
+    assert (
+        0
+        < validator["lbg_validator_key_lag_mean_seconds"]
+        <= validator["lbg_validator_key_lag_max_seconds"]
+    )

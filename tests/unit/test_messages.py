@@ -45,9 +45,12 @@ def body(**fields: object) -> bytes:
 # --- round trips -------------------------------------------------------------------------------
 
 
-@given(key=keys, seq=seqs, data=json_values)
-def test_event_round_trip(key: str, seq: int, data: object) -> None:
-    event = Event(key, seq, data)
+publish_times = st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False)
+
+
+@given(key=keys, seq=seqs, data=json_values, ts=publish_times)
+def test_event_round_trip(key: str, seq: int, data: object, ts: float | None) -> None:
+    event = Event(key, seq, data, ts)
     assert decode_event(encode_event(event)) == event
 
 
@@ -63,11 +66,18 @@ def test_event_round_trip_of_the_blog_key_without_data() -> None:
     queue=st.integers(min_value=0, max_value=10**6),
     bucket=st.integers(min_value=0, max_value=10**6),
     redelivered=st.booleans(),
+    published_at=publish_times,
 )
 def test_processed_round_trip(
-    key: str, seq: int, client: str, queue: int, bucket: int, redelivered: bool
+    key: str,
+    seq: int,
+    client: str,
+    queue: int,
+    bucket: int,
+    redelivered: bool,
+    published_at: float | None,
 ) -> None:
-    record = Processed(key, seq, client, queue, bucket, redelivered)
+    record = Processed(key, seq, client, queue, bucket, redelivered, published_at)
     assert decode_processed(encode_processed(record)) == record
 
 
@@ -149,6 +159,8 @@ def test_every_summary_chunk_decodes_even_with_the_longest_keys() -> None:
         pytest.param(b'{"k": "\xff\xfe", "s": 1}', "not valid JSON", id="invalid-utf8-in-key"),
         pytest.param(b"\xc3\x28", "not valid JSON", id="invalid-utf8"),
         pytest.param(b'{"k": "a", "s": 1e400}', "not valid JSON", id="seq-infinite"),
+        pytest.param(body(k="a", s=1, t="now"), "t must be a number", id="ts-text"),
+        pytest.param(body(k="a", s=1, t=True), "t must be a number", id="ts-bool"),
     ],
 )
 def test_decode_event_rejects_with_a_reason(raw: bytes, reason: str) -> None:
