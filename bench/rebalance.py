@@ -2,23 +2,24 @@
 
 A dynamic group (members join by themselves, heartbeats and a lease) takes a steady publisher
 while members join, are killed with SIGKILL and leave with SIGTERM; every figure comes from
-the broker's timestamps of the validation records, so it is when the work was done, not when
-this process noticed. In the same run, a static group (the original design: client index and
-count, secondary queues released every --cycle-seconds) measures how long a joining client
-waits for its primary queues.
+the times of the validation records (`OutputMessage.at`: the broker's store time on NATS, the
+client's send time on RabbitMQ), so it is when the work was done, not when this process
+noticed. In the same run, a static group (the original design: client index and count,
+secondary queues released every --cycle-seconds) measures how long a joining client waits for
+its primary queues. The whole scenario runs on each broker in turn, in one invocation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import math
 import os
 import random
-import resource
 import shutil
 import signal
 import sys
@@ -26,30 +27,34 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
-import nats
 import uvloop
-from nats.aio.client import Client as Nats
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
-from lbg.broker import connect_broker
+from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.broker.nats.adapter import output_stream
-from lbg.destinations import SYSTEM_PREFIX, OutputKind
-from lbg.embedded import BrokerStartError, EmbeddedNats
+from lbg.destinations import OutputKind
 from lbg.group import GroupConfig, GroupConfigError
-from lbg.local import Daemon, LocalDeployment
+from lbg.local import Daemon
 from lbg.messages import MalformedMessage, decode_processed
 from lbg.sequence import Report
-from lbg.settings import BrokerSettings
 from lbg.validator import Validator
-from measure import machine_busy_seconds
+from measure import (
+    BenchError,
+    BrokerRun,
+    Echo,
+    broker_options,
+    chosen_brokers,
+    follow_records,
+    machine_busy_seconds,
+    run_per_broker,
+    table,
+    verdict,
+)
 
 POLL_SECONDS = 0.02
 START_TIMEOUT = 30.0
@@ -57,7 +62,9 @@ JOIN_TIMEOUT = 15.0
 MOVE_TIMEOUT = 15.0
 LEAVE_EXIT_TIMEOUT = 15.0
 PUBLISHER_EXIT_TIMEOUT = 30.0
-DRAIN_TIMEOUT = 30.0
+DRAIN_TIMEOUT = 300.0
+# Draining ends early once no record came for this long: what is missing then is lost.
+DRAIN_IDLE = 10.0
 # A static join is started at least this long before the next release of the cycle.
 STATIC_MIN_LEAD = 1.0
 TARGET_JOIN_P99 = 1.0
@@ -66,18 +73,11 @@ TARGET_PLANNED_P99 = 0.1
 TARGET_RATIO = 30.0
 LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 
-Echo = Callable[[str], None]
-
-
-class BenchError(Exception):
-    """The scenario could not go on; the message says why, with a log tail where useful."""
-
 
 @dataclass(frozen=True)
 class Options:
-    """Everything one run shares."""
+    """Everything one run shares, on every broker."""
 
-    broker_url: str
     rate: float
     keys: int
     hash_count: int
@@ -89,7 +89,6 @@ class Options:
     static_samples: int
     cycle_seconds: float
     seed: int
-    workdir: Path
 
 
 @dataclass(frozen=True)
@@ -114,10 +113,11 @@ class Action:
 
 
 class Tracker:
-    """The validator, fed from the output stream, plus the broker timestamp of every record.
+    """The validator, fed from the group's outputs, plus the time of every validation record.
 
     Per queue it keeps the changes of the client the records come from; per client the time
-    of its first record (overall and per queue). Times are epoch seconds of the broker's store.
+    of its first record (overall and per queue). Times are `OutputMessage.at`, epoch seconds:
+    the broker's store time (NATS) or the client's send time (RabbitMQ).
     """
 
     def __init__(self, queue_count: int) -> None:
@@ -129,15 +129,18 @@ class Tracker:
         self.first_on_queue: dict[tuple[str, int], float] = {}
         self.latest = 0.0
 
-    def handle(self, kind: OutputKind, msg: Msg) -> None:
-        self.validator.handle(OutputMessage(kind, msg.data, msg.headers or {}))
-        if kind is not OutputKind.VALIDATION:
+    def handle(self, message: OutputMessage) -> None:
+        """Validate one output message and, for a validation record, note its time and client."""
+        self.validator.handle(message)
+        if message.kind is not OutputKind.VALIDATION:
             return
         try:
-            record = decode_processed(msg.data)
+            record = decode_processed(message.body)
         except MalformedMessage:
             return  # the validator counted it
-        at = msg.metadata.timestamp.timestamp()
+        at = message.at
+        if at is None:
+            raise BenchError("the broker gives validation records no time")
         self.latest = max(self.latest, at)
         queue, client = record.queue, record.client
         previous = self.last.get(queue)
@@ -169,23 +172,6 @@ class Tracker:
         return self.validator.report()
 
 
-async def follow_outputs(js: JetStreamContext, group: str, tracker: Tracker) -> Any:
-    """Read the group's outputs from the start into `tracker`; returns the subscription."""
-    kinds = {kind.value: kind for kind in OutputKind}
-
-    async def on_message(msg: Msg) -> None:
-        kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
-        if kind is not None:
-            tracker.handle(kind, msg)
-
-    return await js.subscribe(
-        f"{SYSTEM_PREFIX}.{group}.>",
-        stream=output_stream(group),
-        ordered_consumer=True,
-        cb=on_message,
-    )
-
-
 def percentile(values: Iterable[float], pct: float) -> float | None:
     """Nearest-rank percentile (with fewer than 100 samples p99 is the maximum)."""
     ordered = sorted(values)
@@ -206,13 +192,6 @@ def stats(values: list[float]) -> dict[str, Any]:
         "max": ms(max(values, default=None)),
         "n": len(values),
     }
-
-
-def our_cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have exited and been reaped."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def log_times(path: Path, text: str, after: float = 0.0) -> list[float]:
@@ -244,13 +223,19 @@ def check_running(daemons: Iterable[Daemon]) -> None:
 
 
 async def wait_until(
-    condition: Callable[[], bool], timeout: float, alive: Iterable[Daemon] = ()
+    condition: Callable[[], bool],
+    timeout: float,
+    alive: Iterable[Daemon] = (),
+    reader: asyncio.Task[None] | None = None,
 ) -> bool:
-    """Poll `condition`; False after `timeout`; fail at once if a daemon in `alive` exited."""
+    """Poll `condition`; False after `timeout`; fail at once if a daemon in `alive` exited
+    or the `reader` of the records stopped."""
     watched = list(alive)
     deadline = time.monotonic() + timeout
     while not condition():
         check_running(watched)
+        if reader is not None and reader.done():
+            raise BenchError(f"reading the group's records stopped: {reader.exception()!r}")
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(POLL_SECONDS)
@@ -271,40 +256,48 @@ async def stop_publisher(publisher: Daemon) -> None:
         raise BenchError(f"{publisher.name} failed:\n{publisher.log_tail()}")
 
 
-async def drain(tracker: Tracker, label: str, echo: Echo) -> None:
-    """Wait until every published event is accounted for (so `lost` is known and final)."""
-    if not await wait_until(lambda: tracker.validator.complete, DRAIN_TIMEOUT):
-        echo(f"{label} drain timed out: {tracker.validator.progress_line()}")
+async def drain(group: Group, label: str, echo: Echo) -> None:
+    """Wait until every published event is accounted for (so `lost` is known and final).
+
+    A backlog (a broker slower than the publisher) drains as long as records keep coming.
+    """
+    validator = group.tracker.validator
+
+    def settled() -> bool:
+        return validator.complete or time.monotonic() - validator.last_message > DRAIN_IDLE
+
+    await wait_until(settled, DRAIN_TIMEOUT, reader=group.reader)
+    if not validator.complete:
+        echo(f"{label} drain incomplete: {validator.progress_line()}")
 
 
 class Group:
     """One group on the broker with its local daemons and its tracker; torn down on exit."""
 
-    def __init__(self, opts: Options, broker: Broker, js: JetStreamContext, kind: str) -> None:
+    def __init__(self, opts: Options, run: BrokerRun, broker: Broker, kind: str) -> None:
         self.name = f"rebal-{kind}-{uuid.uuid4().hex[:6]}"
+        self.broker_kind = run.kind
         self.config = GroupConfig(
             hash_prefix=self.name, hash_count=opts.hash_count, queue_count=opts.queues
         )
-        self.local = LocalDeployment(opts.broker_url, self.name, opts.workdir / self.name)
+        self.local = run.deployment(self.name)
         self.tracker = Tracker(opts.queues)
+        self.reader: asyncio.Task[None] | None = None
         self._broker = broker
-        self._js = js
-        self._subscription: Any = None
         self._created = False
 
     async def __aenter__(self) -> Group:
         await self._broker.create_group(self.name, self.config)
         self._created = True
-        self._subscription = await follow_outputs(self._js, self.name, self.tracker)
+        self.reader = follow_records(self._broker, self.name, self.tracker.handle)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         try:
             await asyncio.to_thread(self.local.stop_all)
         finally:
-            if self._subscription is not None:
-                with contextlib.suppress(Exception):
-                    await self._subscription.unsubscribe()
+            if self.reader is not None:
+                await cancel_and_wait(self.reader)
             if self._created:
                 with contextlib.suppress(BrokerError):
                     await self._broker.delete_group(self.name)
@@ -336,7 +329,7 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
     t0 = time.monotonic()
 
     def say(text: str) -> None:
-        echo(f"[dynamic {time.monotonic() - t0:6.1f}s] {text}")
+        echo(f"[{group.broker_kind} dynamic {time.monotonic() - t0:6.1f}s] {text}")
 
     def daemons() -> list[Daemon]:
         return [local.daemons[m] for m in members]
@@ -348,7 +341,9 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
         run.actions.append(Action("join", name, at))
         run.started_at[name] = at
         members.append(name)
-        if not await wait_until(lambda: name in tracker.first_seen, JOIN_TIMEOUT, [daemon]):
+        if not await wait_until(
+            lambda: name in tracker.first_seen, JOIN_TIMEOUT, [daemon], group.reader
+        ):
             raise BenchError(f"{name}: no record {JOIN_TIMEOUT:g} s after its start")
         say(
             f"join {name}: first record after {tracker.first_seen[name] - at:.3f} s; "
@@ -369,7 +364,7 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
         def moved() -> bool:
             return all(tracker.last[q][1] != victim for q in queues)
 
-        if not await wait_until(moved, MOVE_TIMEOUT, daemons()):
+        if not await wait_until(moved, MOVE_TIMEOUT, daemons(), group.reader):
             raise BenchError(f"{kind} {victim}: queues {queues} not moved in {MOVE_TIMEOUT:g} s")
         back = [c.new_at - at for q in queues if (c := tracker.change_after(q, at))]
         say(
@@ -393,7 +388,7 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
     )
     say(f"publishing {opts.rate:g} events/s over {opts.keys} keys")
     if not await wait_until(
-        lambda: group.all_served_by(members), START_TIMEOUT, [*daemons(), publisher]
+        lambda: group.all_served_by(members), START_TIMEOUT, [*daemons(), publisher], group.reader
     ):
         raise BenchError(f"queues not all served after {START_TIMEOUT:g} s: {tracker.last}")
     await asyncio.sleep(opts.settle)
@@ -410,7 +405,7 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
     run.busy_pct = round(100 * (machine_busy_seconds() - busy_before) / cpu_capacity, 1)
     say(f"stop publishing; {tracker.validator.progress_line()}")
     await stop_publisher(publisher)
-    await drain(tracker, "[dynamic]", echo)
+    await drain(group, f"[{group.broker_kind} dynamic]", echo)
     return run
 
 
@@ -428,7 +423,7 @@ async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo
     samples: list[dict] = []
 
     def say(text: str) -> None:
-        echo(f"[static {time.monotonic() - t0:6.1f}s] {text}")
+        echo(f"[{group.broker_kind} static {time.monotonic() - t0:6.1f}s] {text}")
 
     def start(name: str, index: int) -> Daemon:
         return local.start_client(name, index, 2, opts.cycle_seconds)
@@ -444,7 +439,10 @@ async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo
     primaries = [q for q in range(opts.queues) if q % 2 == 1]
     for number in range(1, opts.static_samples + 1):
         if not await wait_until(
-            lambda: group.all_served_by(["static-0"]), START_TIMEOUT, [keeper, publisher]
+            lambda: group.all_served_by(["static-0"]),
+            START_TIMEOUT,
+            [keeper, publisher],
+            group.reader,
         ):
             raise BenchError(f"static-0 does not serve every queue: {tracker.last}")
         phase = (time.time() - anchor) % opts.cycle_seconds
@@ -462,7 +460,7 @@ async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo
             return any((name, q) in tracker.first_on_queue for q in primaries)
 
         timeout = opts.cycle_seconds + JOIN_TIMEOUT
-        if not await wait_until(got_primary, timeout, [joiner, keeper, publisher]):
+        if not await wait_until(got_primary, timeout, [joiner, keeper, publisher], group.reader):
             raise BenchError(f"{name}: no primary queue after {timeout:g} s")
         first = min(
             t for (c, q), t in tracker.first_on_queue.items() if c == name and q in primaries
@@ -481,12 +479,12 @@ async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo
         if await asyncio.to_thread(joiner.wait, LEAVE_EXIT_TIMEOUT) != 0:
             raise BenchError(f"{name} failed on SIGTERM:\n{joiner.log_tail()}")
     await stop_publisher(publisher)
-    await drain(tracker, "[static]", echo)
+    await drain(group, f"[{group.broker_kind} static]", echo)
     return samples
 
 
 def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
-    """Join, crash and planned-handover latencies from the records' broker timestamps."""
+    """Join, crash and planned-handover latencies from the times of the validation records."""
     tracker = run.group.tracker
     logs = {name: d.log_path for name, d in run.group.local.daemons.items()}
     killed = {a.member: a.at for a in run.actions if a.kind == "kill"}
@@ -598,30 +596,22 @@ def totals(report: Report) -> dict[str, Any]:
     }
 
 
-async def run_all(opts: Options, echo: Echo) -> dict[str, Any]:
-    """Both scenarios on one broker, dynamic first; SIGTERM cancels like Ctrl-C."""
-    task = asyncio.current_task()
-    if task is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+async def run_all(opts: Options, echo: Echo, run: BrokerRun) -> dict[str, Any]:
+    """Both scenarios on one broker, dynamic first; the same seed on every broker."""
     rng = random.Random(opts.seed)
-    broker = await connect_broker(BrokerSettings(url=opts.broker_url), "bench-rebalance")
-    nc: Nats | None = None
+    broker = await run.connect("bench-rebalance")
     try:
-        nc = await nats.connect(opts.broker_url, name="bench-rebalance-records")
-        js = nc.jetstream()
-        async with Group(opts, broker, js, "dynamic") as group:
+        async with Group(opts, run, broker, "dynamic") as group:
             dynamic_run = await run_dynamic(opts, group, rng, echo)
             dynamic = analyse_dynamic(dynamic_run)
             dynamic["totals"] = totals(group.tracker.report())
         static_samples: list[dict] = []
         static_totals = None
         if opts.static_samples:
-            async with Group(opts, broker, js, "static") as group:
+            async with Group(opts, run, broker, "static") as group:
                 static_samples = await run_static(opts, group, rng, echo)
                 static_totals = totals(group.tracker.report())
     finally:
-        if nc is not None:
-            await nc.close()
         await broker.close()
     static_join = stats([s["latency_s"] for s in static_samples])
     dynamic_p50 = dynamic["join"]["p50"]
@@ -630,7 +620,7 @@ async def run_all(opts: Options, echo: Echo) -> dict[str, Any]:
         if static_join["p50"] is not None and dynamic_p50
         else None
     )
-    return {
+    result = {
         "dynamic": dynamic,
         "static": {"join": static_join, "samples": static_samples, "totals": static_totals},
         "ratio_static_dynamic_join_p50": ratio,
@@ -638,7 +628,10 @@ async def run_all(opts: Options, echo: Echo) -> dict[str, Any]:
         "ratio_cycle_dynamic_join_p50": (
             round(opts.cycle_seconds / dynamic_p50, 1) if dynamic_p50 else None
         ),
+        "options": asdict(opts),
     }
+    result["targets"] = verdicts(result)
+    return result
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
@@ -662,67 +655,108 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
     }
 
 
-def summary_text(opts: Options, result: dict[str, Any], wall_s: float) -> str:
-    """The final block: one row per latency (p50 / p99 / max / n), then totals and targets."""
-    dynamic, static = result["dynamic"], result["static"]
-    counts = dynamic["counts"]
-    rows = [
-        ("join: start -> first record", dynamic["join"]),
-        ("  start -> 'joined' in its log", dynamic["join_start_to_joined"]),
-        ("  'joined' -> first record", dynamic["join_joined_to_first"]),
-        ("crash: kill -9 -> first record, per queue", dynamic["crash"]),
-        ("  kill -9 -> 'is gone' (first survivor)", dynamic["crash_kill_to_gone"]),
-        ("  'is gone' -> first record", dynamic["crash_gone_to_first"]),
-        ("crash: kill -9 -> all its queues back", dynamic["crash_all_queues"]),
-        ("planned handover pause, per queue", dynamic["planned"]),
-        ("  after a join", dynamic["planned_join"]),
-        ("  after a SIGTERM leave", dynamic["planned_leave"]),
-        (f"static join (cycle {opts.cycle_seconds:g} s)", static["join"]),
+TARGET_NAMES = {
+    "join_p99_below_1s": "target join p99 < 1 s",
+    "crash_p99_below_1s": "target crash p99 < 1 s",
+    "planned_pause_p99_below_100ms": "target planned pause p99 < 100 ms",
+    "static_over_dynamic_at_least_30x": f"target static / dynamic join >= {TARGET_RATIO:g}x",
+    "dynamic_nothing_lost_or_reordered": "target dynamic: 0 lost, 0 reordered",
+    "static_nothing_lost_or_reordered": "target static: 0 lost, 0 reordered",
+}
+
+
+def summary_text(opts: Options, results: dict[str, dict[str, Any]]) -> str:
+    """The final block: per broker p50 / p99 / max / n of each latency, then one column each
+    for counts, totals, ratios, CPU and targets."""
+    brokers = list(results)
+    latencies = [
+        ("join: start -> first record", "dynamic", "join"),
+        ("  start -> 'joined' in its log", "dynamic", "join_start_to_joined"),
+        ("  'joined' -> first record", "dynamic", "join_joined_to_first"),
+        ("crash: kill -9 -> first record, per queue", "dynamic", "crash"),
+        ("  kill -9 -> 'is gone' (first survivor)", "dynamic", "crash_kill_to_gone"),
+        ("  'is gone' -> first record", "dynamic", "crash_gone_to_first"),
+        ("crash: kill -9 -> all its queues back", "dynamic", "crash_all_queues"),
+        ("planned handover pause, per queue", "dynamic", "planned"),
+        ("  after a join", "dynamic", "planned_join"),
+        ("  after a SIGTERM leave", "dynamic", "planned_leave"),
+        (f"static join (cycle {opts.cycle_seconds:g} s)", "static", "join"),
     ]
 
-    def cell(value: float | None) -> str:
+    def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
-    lines = [
-        f"{opts.rate:g} events/s, {opts.keys} keys, HC {opts.hash_count}, QC {opts.queues}; "
-        f"{counts['join']} joins, {counts['kill']} kills, {counts['leave']} leaves; "
-        f"{len(static['samples'])} static joins; seed {opts.seed}; {wall_s:.0f} s wall",
-        f"{'seconds':44}{'p50':>8}{'p99':>8}{'max':>8}{'n':>5}",
+    def latency_cells(scenario: str, key: str) -> list[str]:
+        cells = []
+        for result in results.values():
+            if "error" in result:
+                cells.extend("-" * 4)
+                continue
+            s = result[scenario][key]
+            cells.extend([seconds(s["p50"]), seconds(s["p99"]), seconds(s["max"]), str(s["n"])])
+        return cells
+
+    def cells(figure: Callable[[dict[str, Any]], Any]) -> list[str]:
+        return ["-" if "error" in r else str(figure(r)) for r in results.values()]
+
+    def counts(r: dict[str, Any]) -> str:
+        c = r["dynamic"]["counts"]
+        return f"{c['join']} / {c['kill']} / {c['leave']}"
+
+    def published(scenario: str) -> Callable[[dict[str, Any]], str]:
+        def figure(r: dict[str, Any]) -> str:
+            t = r[scenario]["totals"]
+            return "-" if t is None else f"{t['published']} / {t['unique']}"
+
+        return figure
+
+    def faults(scenario: str) -> Callable[[dict[str, Any]], str]:
+        def figure(r: dict[str, Any]) -> str:
+            t = r[scenario]["totals"]
+            if t is None:
+                return "-"
+            return f"{t['lost']} / {t['reordered']} / {t['duplicates']} / {t['dead_lettered']}"
+
+        return figure
+
+    def missing(r: dict[str, Any]) -> str:
+        m = r["dynamic"]["missing"]
+        return f"{m['join']} / {m['crash']}"
+
+    figures = [
+        ("joins / kills / leaves", counts),
+        ("joins / crash queues not measured", missing),
+        ("dynamic: published / unique", published("dynamic")),
+        ("  lost / reordered / dup / dead", faults("dynamic")),
+        ("static: published / unique", published("static")),
+        ("  lost / reordered / dup / dead", faults("static")),
+        ("ratio static / dynamic join p50", lambda r: r["ratio_static_dynamic_join_p50"]),
+        ("ratio static cycle / dynamic join p50", lambda r: r["ratio_cycle_dynamic_join_p50"]),
+        ("machine CPU busy during the rounds, %", lambda r: r["dynamic"]["machine_busy_pct"]),
+        ("machine CPU busy over the run, %", lambda r: r["machine_busy_pct"]),
+        ("CPU s: broker, over the run", lambda r: r["broker_cpu_s"]),
+        ("CPU s: processes this run did not start", lambda r: r["other_cpu_s"]),
+        ("wall s (broker up to done)", lambda r: r["wall_s"]),
     ]
-    for label, s in rows:
-        lines.append(
-            f"{label:44}{cell(s['p50']):>8}{cell(s['p99']):>8}{cell(s['max']):>8}{s['n']:>5}"
-        )
-    lines.append(
-        f"machine CPU busy: {dynamic['machine_busy_pct']} % during the rounds, "
-        f"{result['machine_busy_pct']} % over the run ({result['cpus']} CPUs); "
-        f"CPU s of processes this run did not start: {result['other_cpu_s']}"
+    figures.extend(
+        (name, lambda r, key=key: verdict(r["targets"][key])) for key, name in TARGET_NAMES.items()
     )
-    missing = dynamic["missing"]
-    if missing["join"] or missing["crash"]:
-        lines.append(f"not measured (no record seen): {missing}")
-    for label, t in (("dynamic", dynamic["totals"]), ("static", static["totals"])):
-        if t is not None:
-            lines.append(
-                f"{label} totals: published {t['published']} unique {t['unique']} lost {t['lost']} "
-                f"reordered {t['reordered']} duplicates {t['duplicates']} "
-                f"dead-lettered {t['dead_lettered']}"
-            )
-    lines.append(
-        f"ratio static / dynamic join p50: {result['ratio_static_dynamic_join_p50']} "
-        f"(a whole static cycle / dynamic join p50: {result['ratio_cycle_dynamic_join_p50']})"
-    )
-    names = {
-        "join_p99_below_1s": "join p99 < 1 s",
-        "crash_p99_below_1s": "crash p99 < 1 s",
-        "planned_pause_p99_below_100ms": "planned pause p99 < 100 ms",
-        "static_over_dynamic_at_least_30x": f"static / dynamic join >= {TARGET_RATIO:g}x",
-        "dynamic_nothing_lost_or_reordered": "dynamic: 0 lost, 0 reordered",
-        "static_nothing_lost_or_reordered": "static: 0 lost, 0 reordered",
-    }
-    for key, met in result["targets"].items():
-        state = {True: "met", False: "MISSED", None: "not measured"}[met]
-        lines.append(f"target {names[key]:36} {state}")
+    lines = [
+        f"{opts.rate:g} events/s, {opts.keys} keys, HC {opts.hash_count}, QC {opts.queues}, "
+        f"{opts.rounds} rounds, a leave every {opts.leave_every}, {opts.static_samples} static "
+        f"joins; seed {opts.seed}; {os.cpu_count()} CPUs",
+        *table(
+            42,
+            brokers,
+            ["p50", "p99", "max", "n"],
+            [(label, latency_cells(scenario, key)) for label, scenario, key in latencies],
+            7,
+            "seconds",
+        ),
+        "",
+        *table(42, brokers, ["all"], [(label, cells(f)) for label, f in figures], 28),
+    ]
+    lines.extend(f"{kind}: FAILED: {r['error']}" for kind, r in results.items() if "error" in r)
     return "\n".join(lines)
 
 
@@ -791,9 +825,11 @@ def summary_text(opts: Options, result: dict[str, Any], wall_s: float) -> str:
     help="Seeds the choice of victims and the static join times [default: a random seed, "
     "printed with the result].",
 )
-@click.option("--broker-url", help="Use this NATS server [default: an embedded one, temp dir].")
+@broker_options
 @click.option("--keep-logs", is_flag=True, help="Keep the daemons' logs even after a clean run.")
-@click.option("--json", "as_json", is_flag=True, help="End with one JSON line of every figure.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="End with one JSON line of every figure, by broker."
+)
 def main(
     rate: float,
     keys: int,
@@ -806,7 +842,9 @@ def main(
     static_samples: int,
     cycle_seconds: float,
     seed: int | None,
+    brokers: tuple[str, ...],
     broker_url: str | None,
+    admin_url: str | None,
     keep_logs: bool,
     as_json: bool,
 ) -> None:
@@ -821,8 +859,22 @@ def main(
         raise click.UsageError(str(exc)) from None
     if members + 2 > queues:
         raise click.UsageError(f"--members {members} needs --queues >= {members + 2}")
+    kinds = chosen_brokers(brokers, broker_url, admin_url)
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
+    opts = Options(
+        rate=rate,
+        keys=keys,
+        hash_count=hash_count,
+        queues=queues,
+        members=members,
+        rounds=rounds,
+        leave_every=leave_every,
+        settle=settle,
+        static_samples=static_samples,
+        cycle_seconds=cycle_seconds,
+        seed=seed,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="lbg-rebalance-"))
     logging.basicConfig(
         filename=workdir / "bench.log",
@@ -830,67 +882,29 @@ def main(
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     logging.getLogger("lbg.validator").setLevel(logging.WARNING)
-    server: EmbeddedNats | None = None
     done = False
-    started = time.monotonic()
-    busy_before, ours_before = machine_busy_seconds(), our_cpu_seconds()
     echo(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    echo(f"brokers {', '.join(kinds)}; seed {seed}; logs in {workdir}")
     try:
-        if broker_url is None:
-            server = EmbeddedNats(workdir / "nats")
-            broker_url = server.start()
-            echo(f"embedded nats-server (pid {server.pid}) at {broker_url}; logs in {workdir}")
-        opts = Options(
-            broker_url=broker_url,
-            rate=rate,
-            keys=keys,
-            hash_count=hash_count,
-            queues=queues,
-            members=members,
-            rounds=rounds,
-            leave_every=leave_every,
-            settle=settle,
-            static_samples=static_samples,
-            cycle_seconds=cycle_seconds,
-            seed=seed,
-            workdir=workdir,
+        results = uvloop.run(
+            run_per_broker(
+                kinds, broker_url, admin_url, workdir, functools.partial(run_all, opts, echo), echo
+            )
         )
-        result = uvloop.run(run_all(opts, echo))
-        done = True
-    except (BenchError, BrokerError, BrokerStartError) as exc:
-        raise click.ClickException(str(exc)) from None
+        done = not any("error" in r for r in results.values())
     except (KeyboardInterrupt, asyncio.CancelledError):
         echo("interrupted: stopping everything this run started")
         sys.exit(130)
     finally:
-        if server is not None:
-            server.stop()
         if done and not keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             echo(f"logs kept in {workdir}")
-    wall_s = time.monotonic() - started
-    busy = machine_busy_seconds() - busy_before
-    result["targets"] = verdicts(result)
-    result["wall_s"] = round(wall_s, 1)
-    result["cpus"] = os.cpu_count()
-    result["machine_busy_pct"] = round(100 * busy / (wall_s * (os.cpu_count() or 1)), 1)
-    result["other_cpu_s"] = round(busy - (our_cpu_seconds() - ours_before), 1)
-    result["options"] = {
-        "rate": rate,
-        "keys": keys,
-        "hash_count": hash_count,
-        "queues": queues,
-        "rounds": rounds,
-        "leave_every": leave_every,
-        "settle": settle,
-        "static_samples": static_samples,
-        "cycle_seconds": cycle_seconds,
-        "seed": seed,
-    }
-    click.echo(summary_text(opts, result, wall_s))
+    click.echo(summary_text(opts, results))
     if as_json:
-        click.echo(json.dumps(result, separators=(",", ":")))
+        click.echo(json.dumps(results, separators=(",", ":")))
+    if not done:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
