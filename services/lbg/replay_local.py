@@ -1,0 +1,95 @@
+"""`make replay`: a dataset replayed with Spark into a group with clients and the validator running.
+
+A private nats-server (or the broker at a URL), a fresh group, N lbg-client processes and the
+validator in this process; the Spark job runs in a thread so the validator keeps reading.
+Afterwards it waits until every replayed row is accounted for and returns the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lbg.broker import connect_broker
+from lbg.group import GroupConfig
+from lbg.local import LocalDeployment
+from lbg.replay import ReplayOptions, ReplayResult, replay
+from lbg.sequence import Report
+from lbg.settings import BrokerSettings
+from lbg.spark import spark_session
+from lbg.validator import Validator, run_validator
+
+GROUP = "replay"
+
+
+@dataclass(frozen=True)
+class LocalReplay:
+    """One local replay run: where the broker is, the group's shape and the Spark master."""
+
+    broker_url: str
+    replay: ReplayOptions
+    master: str | None = None
+    clients: int = 2
+    hash_count: int = 64
+    queue_count: int = 4
+    queue_size_mb: int = 1024
+    drain_timeout: float = 120.0
+
+
+async def _drain(validator: Validator, timeout: float) -> bool:
+    """Wait until every published row was processed (True) or the timeout passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if validator.complete:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def run_local_replay(
+    run: LocalReplay, workdir: Path, echo: Callable[[str], None]
+) -> tuple[ReplayResult, Report]:
+    """Replay into a fresh group with clients and the validator; the replay and the report."""
+    settings = BrokerSettings(url=run.broker_url)
+    config = GroupConfig(
+        hash_prefix=GROUP,
+        hash_count=run.hash_count,
+        queue_count=run.queue_count,
+        queue_size_mb=run.queue_size_mb,
+    )
+    broker = await connect_broker(settings, "lbg-replay-local")
+    local = LocalDeployment(run.broker_url, GROUP, workdir)
+    validator = Validator()
+    stop = asyncio.Event()
+    validation: asyncio.Task[Report] | None = None
+    try:
+        if GROUP in await broker.list_groups():
+            await broker.delete_group(GROUP)
+        await broker.create_group(GROUP, config)
+        echo(f"group '{GROUP}' created: {config.to_json()}")
+        validation = asyncio.create_task(
+            run_validator(broker, GROUP, validator, stop, progress_interval=0)
+        )
+        for index in range(run.clients):
+            local.start(f"client-{index}", "lbg-client", "--id", f"client-{index}")
+        echo(f"{run.clients} clients started")
+        spark = await asyncio.to_thread(spark_session, run.master)
+        try:
+            result = await asyncio.to_thread(replay, spark, settings, GROUP, run.replay, echo)
+        finally:
+            await asyncio.to_thread(spark.stop)
+        echo("drain: waiting until every replayed row is accounted for")
+        drained = await _drain(validator, run.drain_timeout)
+        echo("drained" if drained else f"drain timed out: {validator.progress_line()}")
+    finally:
+        stop.set()
+        if validation is not None:
+            with contextlib.suppress(Exception):
+                await validation
+        await asyncio.to_thread(local.stop_all)
+        await broker.close()
+    return result, validator.report()

@@ -1,0 +1,63 @@
+"""A SparkSession that works from a bare venv here and on a real cluster, unchanged.
+
+Local masters get what this kind of machine needs (loopback driver, temp folders, the venv's
+Python for the workers, a quick-starting JVM); any other master keeps its own settings, and
+under spark-submit the master and config given there win.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+APP_NAME = "lbg-replay"
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def _quiet() -> None:
+    """PySpark warns on pandas 3 at every Arrow call (the Arrow-only path used here is fine),
+    and py4j logs every closed connection."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
+    warnings.filterwarnings("ignore", message=r".*PySpark does not yet fully support pandas.*")
+
+
+def spark_session(master: str | None = None, app_name: str = APP_NAME) -> SparkSession:
+    """The running session (spark-submit's), else a new one on `master` (default local[2])."""
+    _quiet()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    chosen = master or SparkConf().get("spark.master", DEFAULT_MASTER)
+    builder = SparkSession.builder.master(chosen).appName(app_name)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if chosen.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        scratch = tempfile.mkdtemp(prefix="lbg-spark-")
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        for key, value in {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.local.dir": scratch,
+            "spark.sql.warehouse.dir": os.path.join(scratch, "warehouse"),
+            "spark.ui.enabled": "false",
+            "spark.driver.extraJavaOptions": QUICK_JVM,
+        }.items():
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
