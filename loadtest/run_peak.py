@@ -27,7 +27,7 @@ from lbg.broker import connect_broker
 from lbg.cli.common import fail, one_line_errors
 from lbg.embedded import EmbeddedNats
 from lbg.group import GroupConfig
-from lbg.local import LocalDeployment
+from lbg.scaling import AutoscalePolicy, LocalStack, StackState, autoscale
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator
@@ -48,6 +48,8 @@ class PeakRun:
     ramp_seconds: float = 20.0
     hold_seconds: float = 30.0
     drain_timeout: float = 60.0
+    autoscale: AutoscalePolicy | None = None
+    handler: str | None = None
 
     @property
     def prefix(self) -> Path:
@@ -78,23 +80,48 @@ async def _drain(validator: Validator, timeout: float) -> bool:
     return False
 
 
-async def run_peak(run: PeakRun, workdir: Path, echo: Any) -> tuple[int, Report]:
-    """Run the peak against a fresh group; Locust's exit status and the validator's report."""
+async def _count_clients(
+    stack: LocalStack, timeline: list[tuple[float, int]], stop: asyncio.Event
+) -> None:
+    """Note the number of running clients twice a second, for the plot and the report."""
+    while not stop.is_set():
+        timeline.append((time.time(), len(stack.running_clients(stack.load()))))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+
+
+async def run_peak(
+    run: PeakRun, workdir: Path, echo: Any, timeline: list[tuple[float, int]]
+) -> tuple[int, Report]:
+    """Run the peak against a fresh group; Locust's exit status and the validator's report.
+
+    The clients run as a local stack: `run.clients` of them, or, with an autoscale policy,
+    as many as the autoscaler decides from the backlog, starting from its minimum.
+    """
     group = f"peak-{uuid.uuid4().hex[:6]}"
     config = GroupConfig(hash_prefix=group, hash_count=64, queue_count=4, queue_size_mb=512)
     broker = await connect_broker(BrokerSettings(url=run.broker_url), "lbg-peak")
-    local = LocalDeployment(run.broker_url, group, workdir)
+    stack = LocalStack(workdir)
+    handler = ["--handler", run.handler] if run.handler else []
+    stack.save(StackState(broker_url=run.broker_url, group=group, client_args=handler))
     validator = Validator()
     stop = asyncio.Event()
     validation: asyncio.Task[Report] | None = None
+    helpers: list[asyncio.Task[None]] = []
     try:
         await broker.create_group(group, config)
         echo(f"group '{group}' created: {config.to_json()}")
         validation = asyncio.create_task(
             run_validator(broker, group, validator, stop, progress_interval=0)
         )
-        for index in range(run.clients):
-            local.start(f"client-{index}", "lbg-client", "--id", f"client-{index}")
+        policy = run.autoscale
+        await asyncio.to_thread(stack.scale, policy.minimum if policy else run.clients)
+        helpers.append(asyncio.create_task(_count_clients(stack, timeline, stop)))
+        if policy is not None:
+            echo(f"autoscale: {policy.minimum}-{policy.maximum} clients from the backlog")
+            helpers.append(
+                asyncio.create_task(autoscale(broker, group, config, stack, policy, stop, 0.5))
+            )
         total = 2 * run.ramp_seconds + run.hold_seconds
         echo(f"locust: peak of {run.peak_users} users x {run.user_rate:g} events/s, {total:g} s")
         with (run.out / "locust.log").open("wb") as log:
@@ -105,12 +132,21 @@ async def run_peak(run: PeakRun, workdir: Path, echo: Any) -> tuple[int, Report]
         echo(f"locust exited with status {status}; drain")
         drained = await _drain(validator, run.drain_timeout)
         echo("drained" if drained else f"drain timed out: {validator.progress_line()}")
+        if policy is not None:
+            echo("waiting for the autoscaler to scale back down")
+            steps = policy.maximum - policy.minimum + 1
+            deadline = time.monotonic() + steps * (policy.cooldown + 2)
+            while timeline[-1][1] > policy.minimum and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
     finally:
         stop.set()
+        for helper in helpers:
+            with contextlib.suppress(Exception):
+                await helper
         if validation is not None:
             with contextlib.suppress(Exception):
                 await validation
-        await asyncio.to_thread(local.stop_all)
+        await asyncio.to_thread(stack.scale, 0)
         with contextlib.suppress(Exception):
             await broker.delete_group(group)
         await broker.close()
@@ -126,8 +162,8 @@ def locust_totals(prefix: Path) -> dict[str, int]:
     }
 
 
-def plot(prefix: Path) -> Path:
-    """A PNG of request rate, latency (p50, p95, p99) and active users over time."""
+def plot(prefix: Path, clients: list[tuple[float, int]]) -> Path:
+    """A PNG of request rate, latency (p50, p95, p99), active users and clients over time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,8 +193,17 @@ def plot(prefix: Path) -> Path:
         latency.plot(seconds, series(percentile), label=f"p{percentile[:-1]}")
     latency.set_ylabel("publish-to-ack ms\n(last 10 s)")
     latency.legend(loc="upper right")
-    users.plot(seconds, series("User Count"), color="tab:green")
+    users.plot(seconds, series("User Count"), color="tab:green", label="Locust users")
     users.set_ylabel("active users")
+    counts = users.twinx()
+    counts.step(
+        [at - start for at, _ in clients], [n for _, n in clients], where="post",
+        color="tab:purple", label="lbg-clients",
+    )  # fmt: skip
+    counts.set_ylabel("lbg-clients")
+    counts.set_ylim(0, max((n for _, n in clients), default=1) + 1)
+    users.legend(loc="upper left")
+    counts.legend(loc="upper right")
     users.set_xlabel("seconds")
     figure.suptitle("Locust peak: publish to a sticky LBG group")
     figure.tight_layout()
@@ -177,7 +222,41 @@ def plot(prefix: Path) -> Path:
     type=click.Path(file_okay=False),
     help="Folder for Locust's CSV/JSON, the plot and the report.",
 )
-@click.option("--clients", default=2, show_default=True, type=click.IntRange(1), help="Clients.")
+@click.option(
+    "--clients",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Clients (with --autoscale: the fewest).",
+)
+@click.option(
+    "--autoscale/--no-autoscale",
+    default=True,
+    show_default=True,
+    help="Let lbg autoscale add clients (up to QC = 4) for the peak and remove them after.",
+)
+@click.option("--handler", help="The clients' module:function handler [default: republish].")
+@click.option(
+    "--scale-high",
+    default=20.0,
+    show_default=True,
+    type=float,
+    help="Autoscale: add a client while the backlog per client is above this.",
+)
+@click.option(
+    "--scale-low",
+    default=2.0,
+    show_default=True,
+    type=float,
+    help="Autoscale: remove one while it is below this.",
+)
+@click.option(
+    "--cooldown",
+    default=3.0,
+    show_default=True,
+    type=float,
+    help="Autoscale: seconds between two changes.",
+)
 @click.option("--users", "peak_users", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--user-rate", default=20.0, show_default=True, type=float, help="Events/s per user.")
 @click.option("--ramp", "ramp_seconds", default=20.0, show_default=True, type=float)
@@ -187,6 +266,11 @@ def main(
     broker_url: str | None,
     out: str,
     clients: int,
+    autoscale: bool,
+    scale_high: float,
+    scale_low: float,
+    cooldown: float,
+    handler: str | None,
     peak_users: int,
     user_rate: float,
     ramp_seconds: float,
@@ -205,22 +289,28 @@ def main(
         if broker_url is None:
             broker_url = stack.enter_context(EmbeddedNats(workdir / "nats"))
             echo(f"embedded nats-server at {broker_url}")
+        policy = AutoscalePolicy(clients, 4, scale_high, scale_low, cooldown) if autoscale else None
         run = PeakRun(
-            broker_url, folder, clients, peak_users, user_rate, ramp_seconds, hold_seconds
-        )
-        status, report = uvloop.run(run_peak(run, workdir / "daemons", echo))
+            broker_url, folder, clients, peak_users, user_rate, ramp_seconds, hold_seconds,
+            autoscale=policy,
+            handler=handler,
+        )  # fmt: skip
+        timeline: list[tuple[float, int]] = []
+        status, report = uvloop.run(run_peak(run, workdir / "daemons", echo, timeline))
         if not run.prefix.with_suffix(".json").exists():
             fail(f"locust wrote no results (status {status}); see {folder / 'locust.log'}")
         totals = locust_totals(run.prefix)
-        png = plot(run.prefix)
-    (folder / "report.json").write_bytes(
-        orjson.dumps({"locust": totals, "report": report.to_dict()}, option=orjson.OPT_INDENT_2)
-    )
+        png = plot(run.prefix, timeline)
+    counts = [n for _, n in timeline]
+    scaling = {"min": min(counts, default=0), "max": max(counts, default=0), "last": counts[-1]}
+    summary = {"locust": totals, "report": report.to_dict(), "clients": scaling}
+    (folder / "report.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     click.echo(report.to_text())
     click.echo(f"{'locust':<14}{totals['requests']} requests, {totals['failures']} failures")
+    click.echo(f"{'clients':<14}{scaling['min']} to {scaling['max']}, {scaling['last']} at the end")
     click.echo(f"{'results':<14}{folder}/ ({png.name}, {PREFIX}_stats*.csv, {PREFIX}.json)")
     if as_json:
-        click.echo(orjson.dumps({"locust": totals, "report": report.to_dict()}).decode())
+        click.echo(orjson.dumps(summary).decode())
     sys.exit(0 if report.ok and totals["failures"] == 0 and totals["requests"] > 0 else 1)
 
 

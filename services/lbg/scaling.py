@@ -48,6 +48,7 @@ class StackState:
     others: dict[str, int] = dataclasses.field(default_factory=dict)
     clients: dict[str, int] = dataclasses.field(default_factory=dict)
     next_client: int = 0
+    client_args: list[str] = dataclasses.field(default_factory=list)
 
 
 def alive(pid: int) -> bool:
@@ -124,7 +125,7 @@ class LocalStack:
     def running_clients(self, state: StackState) -> dict[str, int]:
         return {name: pid for name, pid in state.clients.items() if alive(pid)}
 
-    def scale(self, count: int, client_args: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    def scale(self, count: int) -> tuple[list[str], list[str]]:
         """Run exactly `count` clients: start new ones or SIGTERM the newest; the others stay.
 
         Returns the names started and the names stopped.
@@ -138,7 +139,8 @@ class LocalStack:
         while len(running) < count:
             name = f"client-{state.next_client}"
             state.next_client += 1
-            running[name] = self.spawn(state, name, "lbg-client", "--id", name, *client_args)
+            args = ("--id", name, *state.client_args)
+            running[name] = self.spawn(state, name, "lbg-client", *args)
             started.append(name)
         for name in sorted(running, key=_client_number, reverse=True)[: len(running) - count]:
             stop_process(running.pop(name))
@@ -203,12 +205,13 @@ async def autoscale(
     stop: asyncio.Event,
     interval: float = 1.0,
 ) -> None:
-    """Every `interval`, read the group's backlog and scale the stack's clients one step."""
+    """Every `interval`, read the group's backlog (waiting plus delivered but not yet acked:
+    a busy client holds what it pulled) and scale the stack's clients one step."""
     policy = dataclasses.replace(policy, maximum=min(policy.maximum, config.queue_count))
     last_change = -float("inf")
     while not stop.is_set():
         statuses = await broker.queue_status(group, config)
-        backlog = sum(s.backlog for s in statuses)
+        backlog = sum(s.backlog + s.in_flight for s in statuses)
         clients = len(stack.running_clients(stack.load()))
         target = decide(policy, clients, backlog, time.monotonic() - last_change)
         if target != clients:
