@@ -270,7 +270,11 @@ class LbgClient:
                     "", partial(self._reject, binding, delivery, f"malformed message: {exc}")
                 )
                 continue
-            await lanes.submit(event.key, partial(self._process, binding, delivery, event))
+            await lanes.submit(
+                event.key,
+                partial(self._process, binding, delivery, event),
+                partial(self._skipped, binding, delivery),
+            )
         await lanes.drain()
         await self._announce(binding, lanes, active=False)
 
@@ -345,6 +349,14 @@ class LbgClient:
             return True
         self.stats.fenced += 1
         return False
+
+    def _skipped(self, binding: QueueBinding, delivery: Delivery) -> None:
+        """An earlier event of the key did not complete, so this one was not run: if it is
+        still ours, give the queue up so the broker redelivers both, in order (else it would
+        sit unacked while later events of the key went ahead)."""
+        self.stats.fenced += 1
+        if binding.owns(delivery):
+            binding.fence("an earlier event of the same key did not complete")
 
     def _abandon(self, binding: QueueBinding) -> bool:
         """A message could not be completed: give the queue up so it comes back in order."""

@@ -2,8 +2,9 @@
 
 This keeps a queue's throughput independent of how long one event takes, and one slow or
 stuck key does not hold up the others, while every key's events are handled in order. If an
-event of a key does not complete, the rest of that key's lane is skipped: those events will
-be delivered again, in order, after the queue is fenced and taken over.
+event of a key does not complete, the rest of that key's lane is skipped, and each skipped
+work's `skipped` callback runs: the caller must make those events come again, in order
+(the client fences the queue so the broker redelivers them).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 Work = Callable[[], Awaitable[bool]]
+Skipped = Callable[[], None]
 
 
 class KeyLanes:
@@ -23,17 +25,24 @@ class KeyLanes:
         self._tails: dict[str, asyncio.Task[bool]] = {}
         self._running: set[asyncio.Task[bool]] = set()
 
-    async def submit(self, key: str, work: Work) -> None:
-        """Queue `work` behind the key's previous work; waits while the window is full."""
+    async def submit(self, key: str, work: Work, skipped: Skipped | None = None) -> None:
+        """Queue `work` behind the key's previous work; waits while the window is full.
+
+        If the previous work did not complete, `work` does not run and `skipped` is called.
+        """
         await self._slots.acquire()
-        task = asyncio.create_task(self._run(self._tails.get(key), work))
+        task = asyncio.create_task(self._run(self._tails.get(key), work, skipped))
         self._tails[key] = task
         self._running.add(task)
         task.add_done_callback(partial(self._finished, key))
 
     @staticmethod
-    async def _run(previous: asyncio.Task[bool] | None, work: Work) -> bool:
+    async def _run(
+        previous: asyncio.Task[bool] | None, work: Work, skipped: Skipped | None
+    ) -> bool:
         if previous is not None and not await previous:
+            if skipped is not None:
+                skipped()
             return False
         return await work()
 

@@ -4,9 +4,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pytest
 
 from lbg.local import script
 from lbg.local_brokers import BrokerEndpoint
@@ -44,18 +46,36 @@ def finish(stack: LocalStack, broker: BrokerEndpoint, group: str) -> dict:
     return orjson.loads(report.read_bytes())
 
 
-def up(folder: Path, broker: BrokerEndpoint, group: str, clients: int, rate: int) -> LocalStack:
+@pytest.fixture
+def stacks() -> Iterator[list[LocalStack]]:
+    """Stacks a test started; any still up at the end (a failed test) are stopped."""
+    started: list[LocalStack] = []
+    yield started
+    for stack in started:
+        if stack.state_path.exists():
+            stack.down(drain_seconds=0)
+
+
+def up(
+    stacks: list[LocalStack],
+    folder: Path,
+    broker: BrokerEndpoint,
+    group: str,
+    clients: int,
+    rate: int,
+) -> LocalStack:
+    stacks.append(LocalStack(folder))
     lbg(
         "local", "up", "--folder", str(folder), "--broker-url", broker.url, *broker.admin_args(),
         "--group", group, "--clients", str(clients), "--rate", str(rate), "--keys", "50",
     )  # fmt: skip
-    return LocalStack(folder)
+    return stacks[-1]
 
 
 def test_scale_up_and_down_under_load_moves_queues_without_loss(
-    broker: BrokerEndpoint, group_name: str, tmp_path: Path
+    broker: BrokerEndpoint, group_name: str, tmp_path: Path, stacks: list[LocalStack]
 ) -> None:
-    stack = up(tmp_path / "stack", broker, group_name, clients=1, rate=300)
+    stack = up(stacks, tmp_path / "stack", broker, group_name, clients=1, rate=300)
     time.sleep(2)
     assert "started client-1, client-2" in lbg("local", "scale", "--folder", str(stack.folder), "3")
     time.sleep(3)
@@ -75,10 +95,10 @@ def test_scale_up_and_down_under_load_moves_queues_without_loss(
 
 
 def test_autoscale_adds_clients_for_a_backlog_and_removes_them_after(
-    broker: BrokerEndpoint, group_name: str, tmp_path: Path
+    broker: BrokerEndpoint, group_name: str, tmp_path: Path, stacks: list[LocalStack]
 ) -> None:
     # No client yet: the backlog builds up; the autoscaler starts at its minimum and adds more.
-    stack = up(tmp_path / "stack", broker, group_name, clients=0, rate=0)
+    stack = up(stacks, tmp_path / "stack", broker, group_name, clients=0, rate=0)
     publisher = subprocess.run(
         [script("hashed-publisher"), "--broker-url", broker.url, "--group", group_name,
          "--keys", "50", "--count", "10000", "--no-summary", "-q"],

@@ -108,3 +108,25 @@ def test_a_failed_event_skips_the_rest_of_its_lane_only() -> None:
         return done
 
     assert sorted(run(scenario())) == ["a1", "b1"]
+
+
+def test_every_skipped_event_is_reported_so_it_can_be_redelivered() -> None:
+    async def scenario() -> list[str]:
+        lanes = KeyLanes(4)
+        skipped: list[str] = []
+
+        def work(ok: bool):
+            async def go() -> bool:
+                await asyncio.sleep(0.01)
+                return ok
+
+            return go
+
+        await lanes.submit("a", work(False))
+        await lanes.submit("a", work(True), lambda: skipped.append("a2"))
+        await lanes.submit("a", work(True), lambda: skipped.append("a3"))
+        await lanes.submit("b", work(True), lambda: skipped.append("b1"))
+        await lanes.drain()
+        return skipped
+
+    assert run(scenario()) == ["a2", "a3"]
