@@ -34,6 +34,7 @@ from lbg.validator import Validator, run_validator
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 PREFIX = "peak"
+ACK_WAIT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ async def run_peak(
         if policy is not None:
             echo("waiting for the autoscaler to scale back down")
             steps = policy.maximum - policy.minimum + 1
-            deadline = time.monotonic() + steps * (policy.cooldown + 2)
+            # Deliveries a scale-up left unacked count as backlog until redelivered (NATS: 30 s).
+            deadline = time.monotonic() + max(steps * (policy.cooldown + 2), ACK_WAIT_SECONDS + 5)
             while timeline[-1][1] > policy.minimum and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
     finally:
