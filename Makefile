@@ -27,7 +27,12 @@ CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM)  ## lint, then every test that the default run includes
+# A Java runtime for Spark (the replay tests): Debian's OpenJDK 17.
+JAVA := /usr/bin/java
+$(JAVA):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless
+
+test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
 	$(BIN)/python -m pytest $(ARGS)
 
