@@ -29,11 +29,15 @@ from lbg.group import GroupConfig
 from support.semp_server import Request, SempServer
 
 SPEC_ENV = "LBG_SEMP_SPEC"
-BESIDE_REPO = Path(__file__).parents[2].parent / "shared/solace/semp-v2-config.json"
+SPEC_IN_SHARED = "shared/solace/semp-v2-config.json"
+# Beside the repository (../shared), else the workplace's shared folder (a clone elsewhere).
+CANDIDATES = (Path(__file__).parents[2].parent / SPEC_IN_SHARED, Path("/work") / SPEC_IN_SHARED)
 
 
 def spec_path() -> Path:
-    return Path(os.environ.get(SPEC_ENV) or BESIDE_REPO)
+    if os.environ.get(SPEC_ENV):
+        return Path(os.environ[SPEC_ENV])
+    return next((path for path in CANDIDATES if path.is_file()), CANDIDATES[0])
 
 
 @cache
