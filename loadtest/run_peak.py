@@ -30,7 +30,7 @@ from lbg.group import GroupConfig
 from lbg.scaling import AutoscalePolicy, LocalStack, StackState, autoscale
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
-from lbg.validator import Validator, run_validator
+from lbg.validator import Validator, run_validator, wait_until_complete
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 PREFIX = "peak"
@@ -70,15 +70,6 @@ def locust_command(run: PeakRun, group: str) -> list[str]:
         *("--ramp-seconds", str(run.ramp_seconds), "--hold-seconds", str(run.hold_seconds)),
         *("--stop-timeout", "5", "--loglevel", "WARNING"),
     ]
-
-
-async def _drain(validator: Validator, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if validator.complete:
-            return True
-        await asyncio.sleep(0.5)
-    return False
 
 
 async def _count_clients(
@@ -131,7 +122,7 @@ async def run_peak(
             )
             status = await locust.wait()
         echo(f"locust exited with status {status}; drain")
-        drained = await _drain(validator, run.drain_timeout)
+        drained = await wait_until_complete(validator, run.drain_timeout)
         echo("drained" if drained else f"drain timed out: {validator.progress_line()}")
         if policy is not None:
             echo("waiting for the autoscaler to scale back down")

@@ -22,7 +22,7 @@ from lbg.liveview import LiveView, serve_live_view
 from lbg.local import LocalDeployment
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
-from lbg.validator import Validator, run_validator
+from lbg.validator import Validator, run_validator, wait_until_complete
 
 DEMO_GROUP = "demo"
 CLIENT_COUNT = 4
@@ -69,15 +69,6 @@ async def _phase(timeline: Timeline, validator: Validator, seconds: float) -> No
     while (left := deadline - time.monotonic()) > 0:
         await asyncio.sleep(min(left, 5.0))
         timeline.say(f"    {validator.progress_line()}")
-
-
-async def _drain(validator: Validator, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if validator.complete:
-            return True
-        await asyncio.sleep(0.5)
-    return False
 
 
 async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], None]) -> Report:
@@ -164,7 +155,7 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
         if await asyncio.to_thread(publisher.wait, 30.0) != 0:
             timeline.say(f"publisher failed:\n{publisher.log_tail()}")
         timeline.say("drain: waiting until every published event is accounted for")
-        drained = await _drain(validator, options.drain_timeout)
+        drained = await wait_until_complete(validator, options.drain_timeout)
         timeline.say("drained" if drained else "drain timed out")
     finally:
         stop_validator.set()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from lbg.replay import ReplayOptions, ReplayResult, replay
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
 from lbg.spark import spark_session
-from lbg.validator import Validator, run_validator
+from lbg.validator import Validator, run_validator, wait_until_complete
 
 GROUP = "replay"
 
@@ -38,16 +37,6 @@ class LocalReplay:
     queue_count: int = 4
     queue_size_mb: int = 1024
     drain_timeout: float = 120.0
-
-
-async def _drain(validator: Validator, timeout: float) -> bool:
-    """Wait until every published row was processed (True) or the timeout passed (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if validator.complete:
-            return True
-        await asyncio.sleep(0.5)
-    return False
 
 
 async def run_local_replay(
@@ -83,7 +72,7 @@ async def run_local_replay(
         finally:
             await asyncio.to_thread(spark.stop)
         echo("drain: waiting until every replayed row is accounted for")
-        drained = await _drain(validator, run.drain_timeout)
+        drained = await wait_until_complete(validator, run.drain_timeout)
         echo("drained" if drained else f"drain timed out: {validator.progress_line()}")
     finally:
         stop.set()

@@ -191,6 +191,16 @@ class Validator:
         )
 
 
+async def wait_until_complete(validator: Validator, timeout: float) -> bool:
+    """Wait until every published event is accounted for (True) or `timeout` passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if validator.complete:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
 async def run_validator(
     broker: Broker,
     group: str,
