@@ -8,11 +8,15 @@ whether this consumer is the active one, and fence itself when it stops being so
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from lbg.destinations import Destination, OutputKind
 from lbg.group import GroupConfig
+
+log = logging.getLogger(__name__)
 
 
 class BrokerError(Exception):
@@ -131,6 +135,39 @@ class QueueBinding(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Unbind for good (after in-flight work was acked)."""
+
+
+class EpochBinding(QueueBinding):
+    """What every adapter's binding shares: deliveries are buffered with the ownership epoch
+    they arrived in (losing the queue bumps the epoch, so nothing older is handed out), and
+    changes of the active state are logged and reported to the listener."""
+
+    def __init__(self, queue: int, on_change: StateListener | None) -> None:
+        self.queue = queue
+        self._on_change = on_change
+        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._epoch = 0
+        self._active = False
+
+    async def next(self) -> Delivery:
+        while True:
+            delivery = await self._buffer.get()
+            if delivery.epoch == self._epoch:
+                return delivery
+
+    def _new_epoch(self) -> None:
+        """Forget what was delivered so far: it may no longer be processed or acked."""
+        self._epoch += 1
+        while not self._buffer.empty():
+            self._buffer.get_nowait()
+
+    def _set_active(self, active: bool, reason: str) -> None:
+        if active == self._active:
+            return
+        self._active = active
+        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
+        if self._on_change is not None:
+            self._on_change(self.queue, active)
 
 
 class Broker(abc.ABC):

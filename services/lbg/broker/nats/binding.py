@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import Delivery, QueueBinding, StateListener
+from lbg.broker.base import Delivery, EpochBinding, StateListener
 from lbg.broker.nats import jsapi
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class _Pull:
     takeover_pin: str | None = None
 
 
-class NatsQueueBinding(QueueBinding):
+class NatsQueueBinding(EpochBinding):
     """One client's binding to one queue (durable consumer); exclusive when `pinned`."""
 
     def __init__(
@@ -55,7 +55,7 @@ class NatsQueueBinding(QueueBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> None:
-        self.queue = queue
+        super().__init__(queue, on_change)
         self._nc = nc
         self._stream = stream
         self._consumer = consumer
@@ -63,11 +63,8 @@ class NatsQueueBinding(QueueBinding):
         self._preferred = preferred
         self._timeout = priority_timeout
         self._expires = priority_timeout / 3
-        self._on_change = on_change
-        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
         self._pin: str | None = None
         self._active = not pinned
-        self._epoch = 0
         self._last_pull = time.monotonic()
         self._running = asyncio.Event()
         self._running.set()
@@ -123,12 +120,6 @@ class NatsQueueBinding(QueueBinding):
             return False
         return True
 
-    async def next(self) -> Delivery:
-        while True:
-            delivery = await self._buffer.get()
-            if delivery.epoch == self._epoch:
-                return delivery
-
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
@@ -181,20 +172,10 @@ class NatsQueueBinding(QueueBinding):
         except (jsapi.JsApiError, TimeoutError) as exc:
             log.warning("queue %d: unpin failed: %s", self.queue, exc)
 
-    def _set_active(self, active: bool, reason: str) -> None:
-        if active == self._active:
-            return
-        self._active = active
-        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
-        if self._on_change is not None:
-            self._on_change(self.queue, active)
-
     def _lose(self, reason: str) -> None:
         """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
-        self._epoch += 1
+        self._new_epoch()
         self._pin = None
-        while not self._buffer.empty():
-            self._buffer.get_nowait()
         if self._pinned:
             self._set_active(False, reason)
 

@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import Delivery, QueueBinding, StateListener
+from lbg.broker.base import Delivery, EpochBinding, StateListener
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class _Stint:
     since: float
 
 
-class RabbitQueueBinding(QueueBinding):
+class RabbitQueueBinding(EpochBinding):
     """One client's consumer on one queue, active (receiving) or waiting in line."""
 
     def __init__(
@@ -60,7 +60,7 @@ class RabbitQueueBinding(QueueBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> None:
-        self.queue = queue
+        super().__init__(queue, on_change)
         self._name = queue_name
         self._tag_prefix = tag_prefix
         self._open_channel = open_channel
@@ -70,12 +70,8 @@ class RabbitQueueBinding(QueueBinding):
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._preferred = preferred
-        self._on_change = on_change
-        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
         self._stint: _Stint | None = None
         self._stints = 0
-        self._active = False
-        self._epoch = 0
         self._running = asyncio.Event()
         self._running.set()
         self._wake = asyncio.Event()
@@ -123,12 +119,6 @@ class RabbitQueueBinding(QueueBinding):
             return False
         return True
 
-    async def next(self) -> Delivery:
-        while True:
-            delivery = await self._buffer.get()
-            if delivery.epoch == self._epoch:
-                return delivery
-
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
@@ -161,20 +151,10 @@ class RabbitQueueBinding(QueueBinding):
         self._lose("closed")
         await self._leave_line()
 
-    def _set_active(self, active: bool, reason: str) -> None:
-        if active == self._active:
-            return
-        self._active = active
-        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
-        if self._on_change is not None:
-            self._on_change(self.queue, active)
-
     def _lose(self, reason: str) -> None:
         """Stop owning the queue: nothing buffered is processed or acked; the channel goes
         (by the loop) so the broker hands the unacked messages to the next in line."""
-        self._epoch += 1
-        while not self._buffer.empty():
-            self._buffer.get_nowait()
+        self._new_epoch()
         if self._stint is not None:
             self._stint.tag = ""
         self._set_active(False, reason)

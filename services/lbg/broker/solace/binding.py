@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
+from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Inbound:
 OpenFlow = Callable[[Callable[[bool], None], Callable[[Any], None]], Flow]
 
 
-class SolaceQueueBinding(QueueBinding):
+class SolaceQueueBinding(EpochBinding):
     """One flow on one of the group's queues at a time, active or standing by."""
 
     def __init__(
@@ -72,18 +72,15 @@ class SolaceQueueBinding(QueueBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> None:
-        self.queue = queue
+        super().__init__(queue, on_change)
         self._open = open_flow
         self._read = read
         self._exclusive = exclusive
         self._client_id = client_id
         self._preferred = preferred
-        self._on_change = on_change
         self._loop = asyncio.get_running_loop()
-        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
         self._flow: Flow | None = None
         self._stint = 0
-        self._epoch = 0
         self._active = not exclusive
         self._suspended = False
         self._closed = False
@@ -138,12 +135,6 @@ class SolaceQueueBinding(QueueBinding):
 
     def owns(self, delivery: Delivery) -> bool:
         return delivery.epoch == self._epoch and self.active
-
-    async def next(self) -> Delivery:
-        while True:
-            delivery = await self._buffer.get()
-            if delivery.epoch == self._epoch:
-                return delivery
 
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
@@ -246,19 +237,9 @@ class SolaceQueueBinding(QueueBinding):
 
     def _lose(self, reason: str) -> None:
         """Fence: bump the epoch and drop what is buffered so nothing more is processed or acked."""
-        self._epoch += 1
-        while not self._buffer.empty():
-            self._buffer.get_nowait()
+        self._new_epoch()
         if self._exclusive:
             self._set_active(False, reason)
-
-    def _set_active(self, active: bool, reason: str) -> None:
-        if active == self._active:
-            return
-        self._active = active
-        log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
-        if self._on_change is not None:
-            self._on_change(self.queue, active)
 
     def _on_state(self, stint: int, active: bool) -> None:
         if stint != self._stint:
