@@ -10,13 +10,15 @@ from lbg.settings import BrokerSettings
 NATS_SCHEMES = {"nats", "tls"}
 RABBITMQ_SCHEMES = {"amqp", "amqps"}
 SOLACE_SCHEMES = {"tcp", "tcps"}
+MESSAGEDB_SCHEMES = {"postgresql", "postgres"}
 
 
 async def connect_broker(
     settings: BrokerSettings, client_name: str, priority_timeout: float = 2.0
 ) -> Broker:
     """Connect to the broker named by `settings.url`: nats:// or tls:// for NATS JetStream,
-    amqp:// or amqps:// for RabbitMQ, tcp:// or tcps:// for Solace PubSub+."""
+    amqp:// or amqps:// for RabbitMQ, tcp:// or tcps:// for Solace PubSub+, postgresql:// or
+    postgres:// for Message DB."""
     scheme = urlsplit(settings.url).scheme
     if scheme in NATS_SCHEMES:
         from lbg.broker.nats.adapter import NatsBroker
@@ -30,4 +32,8 @@ async def connect_broker(
         from lbg.broker.solace.adapter import connect
 
         return await connect(settings, client_name, priority_timeout)
-    raise BrokerError(f"broker url '{settings.url}': no adapter for scheme '{scheme}://'")
+    if scheme in MESSAGEDB_SCHEMES:
+        from lbg.broker.messagedb.adapter import MessageDbBroker
+
+        return await MessageDbBroker.connect(settings, client_name)
+    raise BrokerError(f"broker url '{settings.shown_url}': no adapter for scheme '{scheme}://'")

@@ -1,0 +1,487 @@
+"""Message DB (PostgreSQL) behind the broker interface: consumer groups made exclusive.
+
+The publisher writes each event to its stream with `write_message`; queue q is consumer-group
+member q of size QC, read with `get_category_messages` by whoever holds the member's advisory
+lock (see binding.py); names and the member mapping are in naming.py. Heartbeats travel by
+LISTEN/NOTIFY; the group's config and output are streams of their own categories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from lbg.aio import cancel_and_wait
+from lbg.broker.base import (
+    Broker,
+    BrokerError,
+    GroupExists,
+    GroupNotFound,
+    OutputMessage,
+    PublishError,
+    QueueBinding,
+    QueueStatus,
+    StateListener,
+)
+from lbg.broker.messagedb import generations, naming
+from lbg.broker.messagedb.binding import MessageDbBinding
+from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.group import GroupConfig, GroupConfigError
+from lbg.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 10.0
+POLL_SECONDS = 0.1
+TICK_SECONDS = 0.1
+STALL_LIMIT = 1.0
+OUTPUT_BATCH = 1000
+SEARCH_PATH = "message_store,public"
+DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+WRITE_SQL = "SELECT message_store.write_message($1, $2, $3, $4::jsonb, $5::jsonb, $6)"
+LAST_SQL = "SELECT type, position, data FROM message_store.get_last_stream_message($1)"
+ACTIVE_SQL = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".strip(": ").split())
+
+
+def public_dsn(url: str) -> str:
+    """The URL without its password, fit for a message."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{host}"))
+
+
+def control_channel(group: str) -> str:
+    """The NOTIFY channel of a group's heartbeats (a short identifier for any group name)."""
+    return "lbgctl_" + hashlib.md5(group.encode(), usedforsecurity=False).hexdigest()[:20]
+
+
+class MessageDbBroker(Broker):
+    """The broker interface on one PostgreSQL database with Message DB installed."""
+
+    def __init__(self, settings: BrokerSettings, name: str) -> None:
+        self._dsn = settings.url
+        self._user = settings.user
+        self._password = settings.secret()
+        self._timeout = settings.connect_timeout
+        self._name = name
+        self._pool: asyncpg.Pool | None = None
+        self._configs: dict[str, GroupConfig] = {}
+        self._control: asyncpg.Connection | None = None
+        self._lost = False
+        self._control_lock = asyncio.Lock()
+        self._last_tick = time.monotonic()
+        self._ticker = asyncio.create_task(self._tick(), name="messagedb-liveness")
+
+    @classmethod
+    async def connect(cls, settings: BrokerSettings, name: str) -> MessageDbBroker:
+        broker = cls(settings, name)
+        try:
+            # min_size 0: no background reconnects that log tracebacks while the server is down.
+            broker._pool = await asyncpg.create_pool(
+                min_size=0, max_size=4, **broker._connect_args(name)
+            )
+            await broker._pool.execute("SELECT 1")
+        except (*DB_ERRORS, ValueError) as exc:
+            await cancel_and_wait(broker._ticker)
+            raise BrokerError(
+                f"cannot connect to {public_dsn(broker._dsn)} within {broker._timeout:g}s "
+                f"({_reason(exc)})"
+            ) from None
+        return broker
+
+    def _connect_args(self, app_name: str) -> dict[str, object]:
+        args: dict[str, object] = {
+            "dsn": self._dsn,
+            "timeout": self._timeout,
+            "server_settings": {"search_path": SEARCH_PATH, "application_name": app_name[:63]},
+        }
+        if self._user:
+            args["user"] = self._user
+        if self._password:
+            args["password"] = self._password
+        return args
+
+    async def _connect(self, app_name: str) -> asyncpg.Connection:
+        return await asyncpg.connect(**self._connect_args(app_name))  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._ticker)
+        if self._control is not None:
+            with contextlib.suppress(Exception):
+                await self._control.close(timeout=2)
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.close(), 5)
+
+    async def _tick(self) -> None:
+        """Notes the time every tick: a gap means this process was paused (SIGSTOP, swap)."""
+        while True:
+            self._last_tick = time.monotonic()
+            await asyncio.sleep(TICK_SECONDS)
+
+    def _connection_lost(self, exc: BaseException) -> None:
+        if not isinstance(exc, asyncpg.PostgresError) or isinstance(
+            exc, asyncpg.PostgresConnectionError | asyncpg.OperatorInterventionError
+        ):
+            if not self._lost:
+                log.warning("broker connection lost (%s); reconnecting", _reason(exc))
+            self._lost = True
+
+    def _connection_ok(self) -> None:
+        if self._lost:
+            self._lost = False
+            log.info("reconnected to the broker")
+
+    def _paused_for(self) -> float:
+        return time.monotonic() - self._last_tick
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        assert self._pool is not None
+        return self._pool
+
+    # -- the group store -----------------------------------------------------------------
+
+    async def _last_config(self, name: str) -> asyncpg.Record | None:
+        try:
+            return await self.pool.fetchrow(LAST_SQL, naming.config_stream(name))
+        except DB_ERRORS as exc:
+            raise BrokerError(f"group '{name}': cannot read its config: {_reason(exc)}") from None
+
+    async def read_group(self, name: str) -> GroupConfig:
+        row = await self._last_config(name)
+        if row is None:
+            raise GroupNotFound(f"group '{name}' does not exist (no config stream)")
+        config = _parse_config(name, row["data"])
+        self._configs[config.hash_prefix] = config
+        return config
+
+    async def list_groups(self) -> dict[str, GroupConfig]:
+        try:
+            rows = await self.pool.fetch(
+                "SELECT stream_name, data FROM message_store.get_category_messages($1, 1, -1)",
+                naming.CONFIG_CATEGORY,
+            )
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot list groups: {_reason(exc)}") from None
+        latest = {naming.group_of_config_stream(r["stream_name"]): r["data"] for r in rows}
+        groups = {}
+        for name in sorted(latest):
+            with contextlib.suppress(BrokerError):
+                groups[name] = _parse_config(name, latest[name])
+                self._configs[groups[name].hash_prefix] = groups[name]
+        return groups
+
+    async def create_group(
+        self, name: str, config: GroupConfig, client_password: str | None = None
+    ) -> None:
+        try:
+            naming.check_layout(config)
+        except naming.LayoutError as exc:
+            raise BrokerError(f"cannot create group '{name}': {exc}") from None
+        if await self._last_config(name) is not None:
+            raise GroupExists(f"group '{name}' already exists")
+        for other_name, other in (await self.list_groups()).items():
+            if other.hash_prefix == config.hash_prefix:
+                raise GroupExists(
+                    f"hash prefix '{config.hash_prefix}' is already used by group '{other_name}'"
+                )
+        try:
+            await self.pool.execute(
+                WRITE_SQL,
+                str(uuid.uuid4()),
+                naming.config_stream(name),
+                "Created",
+                config.to_json(),
+                None,
+                -1,
+            )
+        except asyncpg.RaiseError as exc:
+            if "Wrong expected version" in str(exc):
+                raise GroupExists(f"group '{name}' already exists") from None
+            raise BrokerError(f"cannot create group '{name}': {_reason(exc)}") from None
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot create group '{name}': {_reason(exc)}") from None
+        self._configs[config.hash_prefix] = config
+
+    async def delete_group(self, name: str) -> None:
+        config = await self.read_group(name)
+        categories = [
+            naming.event_category(config.hash_prefix),
+            naming.position_category(config.hash_prefix),
+            naming.output_category(name),
+        ]
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "DELETE FROM message_store.messages "
+                    "WHERE message_store.category(stream_name) = ANY($1::text[])",
+                    categories,
+                )
+                await conn.execute(
+                    "DELETE FROM message_store.messages WHERE stream_name = $1",
+                    naming.config_stream(name),
+                )
+        except asyncpg.InsufficientPrivilegeError:
+            raise BrokerError(
+                f"cannot delete group '{name}': this database user may not delete from "
+                "message_store.messages"
+            ) from None
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot delete group '{name}': {_reason(exc)}") from None
+        self._configs.pop(config.hash_prefix, None)
+
+    async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        category = naming.event_category(config.hash_prefix)
+        status = []
+        try:
+            async with self.pool.acquire() as conn:
+                history = await generations.load(conn, name)
+                current = history[-1] if history else generations.Generation(0, 0, 1, None)
+                for queue in range(config.queue_count):
+                    position = await generations.recorded(conn, config.hash_prefix, queue, current)
+                    backlog = await conn.fetchval(
+                        "SELECT count(*) FROM message_store.get_category_messages("
+                        "$1, $2, -1, NULL, $3, $4)",
+                        category,
+                        position + 1,
+                        queue,
+                        config.queue_count,
+                    )
+                    holder = await conn.fetchval(
+                        ACTIVE_SQL, *generations.lock_keys(config.hash_prefix, queue, current.index)
+                    )
+                    status.append(
+                        QueueStatus(
+                            queue=queue,
+                            name=f"{category} member {queue}/{config.queue_count}",
+                            buckets=config.buckets_for_queue(queue),
+                            backlog=int(backlog or 0),
+                            in_flight=0,
+                            active_client=_client_of(holder),
+                        )
+                    )
+        except DB_ERRORS as exc:
+            raise BrokerError(f"group '{name}': cannot read queue status: {_reason(exc)}") from None
+        return status
+
+    # -- messaging -----------------------------------------------------------------------
+
+    async def _config_for_prefix(self, prefix: str) -> GroupConfig:
+        config = self._configs.get(prefix)
+        if config is None:
+            with contextlib.suppress(BrokerError):
+                await self.list_groups()
+            config = self._configs.get(prefix)
+        if config is None:
+            raise PublishError(f"no group uses hash prefix '{prefix}' (read its config first)")
+        return config
+
+    async def _target(self, destination: Destination) -> tuple[str, str]:
+        """The stream and message type a destination's messages are written to."""
+        levels = destination.levels
+        if len(levels) >= 3 and levels[0] == SYSTEM_PREFIX:
+            try:
+                kind = OutputKind(levels[2])
+            except ValueError:
+                raise PublishError(f"'{destination}' is no output destination") from None
+            return naming.output_stream(levels[1], kind), kind.value
+        config = await self._config_for_prefix(levels[0])
+        if len(levels) < 3 or not levels[1].isdigit() or int(levels[1]) >= config.hash_count:
+            raise PublishError(f"'{destination}' is no event topic <HP>/<bucket>/<key>")
+        key = "/".join(levels[2:])
+        return naming.event_stream(config, int(levels[1]), key), "Event"
+
+    async def publish(
+        self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        stream, message_type = await self._target(destination)
+        try:
+            await asyncio.wait_for(
+                self.pool.execute(
+                    WRITE_SQL,
+                    str(uuid.uuid4()),
+                    stream,
+                    message_type,
+                    naming.encode_data(body),
+                    naming.encode_metadata(naming.subject(destination), headers or {}),
+                    None,
+                ),
+                PUBLISH_TIMEOUT,
+            )
+        except TimeoutError:
+            raise PublishError(f"no confirm for '{destination}' in time") from None
+        except DB_ERRORS as exc:
+            self._connection_lost(exc)
+            raise PublishError(f"'{destination}' not written: {_reason(exc)}") from None
+        self._connection_ok()
+
+    async def bind(
+        self,
+        group: str,
+        config: GroupConfig,
+        queue: int,
+        client_id: str,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> QueueBinding:
+        try:
+            naming.check_layout(config)
+        except naming.LayoutError as exc:
+            raise BrokerError(f"group '{group}': {exc}") from None
+        if not 0 <= queue < config.queue_count:
+            raise BrokerError(f"group '{group}' has no queue {queue}")
+        return MessageDbBinding(
+            queue,
+            group,
+            config.hash_prefix,
+            f"{client_id}/q{queue}",
+            self._connect,
+            poll_seconds=POLL_SECONDS,
+            paused_for=self._paused_for,
+            stall_limit=STALL_LIMIT,
+            preferred=preferred,
+            on_change=on_change,
+        )
+
+    async def resize_group(self, name: str, queue_count: int) -> tuple[int, int]:
+        """Switch the group to `queue_count` members at the current position (generations.py);
+        returns the old size and the switch position."""
+        try:
+            async with self.pool.acquire() as conn:
+                result = await generations.resize(conn, name, queue_count)
+        except asyncpg.RaiseError as exc:
+            if "Wrong expected version" in str(exc):
+                raise BrokerError(f"group '{name}' changed meanwhile; try again") from None
+            raise BrokerError(f"cannot resize group '{name}': {_reason(exc)}") from None
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot resize group '{name}': {_reason(exc)}") from None
+        self._configs.clear()
+        return result
+
+    async def publish_control(self, group: str, body: bytes) -> None:
+        """On a connection of its own: heartbeats must not queue behind a busy publisher."""
+        try:
+            async with self._control_lock:
+                if self._control is None or self._control.is_closed():
+                    self._control = await self._connect(f"{self._name}/heartbeat")
+                await self._control.execute(
+                    "SELECT pg_notify($1, $2)",
+                    control_channel(group),
+                    base64.b64encode(body).decode(),
+                )
+            self._connection_ok()
+        except DB_ERRORS as exc:
+            self._connection_lost(exc)
+            raise BrokerError(f"group '{group}': heartbeat not sent: {_reason(exc)}") from None
+
+    async def subscribe_control(
+        self, group: str, handler: Callable[[bytes], None]
+    ) -> Callable[[], Awaitable[None]]:
+        channel = control_channel(group)
+
+        def deliver(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            with contextlib.suppress(ValueError):
+                handler(base64.b64decode(payload))
+
+        conn = await self._listen(channel, deliver)
+        keeper = asyncio.create_task(self._keep_listening(channel, deliver, conn))
+
+        async def unsubscribe() -> None:
+            await cancel_and_wait(keeper)
+
+        return unsubscribe
+
+    async def _listen(self, channel: str, deliver: Callable[..., None]) -> asyncpg.Connection:
+        try:
+            conn = await self._connect(f"{self._name}/control")
+            await conn.add_listener(channel, deliver)
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot subscribe to heartbeats: {_reason(exc)}") from None
+        return conn
+
+    async def _keep_listening(
+        self, channel: str, deliver: Callable[..., None], conn: asyncpg.Connection
+    ) -> None:
+        """Listen again whenever the connection goes (a database restart)."""
+        try:
+            while True:
+                while not conn.is_closed():
+                    await asyncio.sleep(POLL_SECONDS * 3)
+                try:
+                    conn = await self._listen(channel, deliver)
+                    log.info("heartbeat subscription on '%s' restored", channel)
+                except BrokerError as exc:
+                    log.warning("cannot restore the heartbeat subscription yet: %s", exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+
+    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        category = naming.output_category(group)
+        kinds = {kind.value: kind for kind in OutputKind}
+        position = 1
+        while True:
+            try:
+                rows = await self.pool.fetch(
+                    "SELECT global_position, type, data, metadata, time "
+                    "FROM message_store.get_category_messages($1, $2, $3)",
+                    category,
+                    position,
+                    OUTPUT_BATCH,
+                )
+            except DB_ERRORS as exc:
+                log.warning("cannot read the output of group '%s' yet: %s", group, _reason(exc))
+                await asyncio.sleep(1.0)
+                continue
+            for row in rows:
+                position = int(row["global_position"]) + 1
+                kind = kinds.get(row["type"])
+                if kind is not None:
+                    _, headers = naming.decode_metadata(row["metadata"])
+                    at = row["time"].replace(tzinfo=UTC).timestamp()
+                    yield OutputMessage(kind, naming.decode_data(row["data"]), headers, at)
+            if len(rows) < OUTPUT_BATCH:
+                await asyncio.sleep(POLL_SECONDS)
+
+
+def _client_of(application_name: str | None) -> str | None:
+    """The client id in a reader's application name `<client>/q<N>`."""
+    if not application_name:
+        return None
+    return application_name.rpartition("/q")[0] or application_name
+
+
+def _parse_config(name: str, data: str) -> GroupConfig:
+    try:
+        return GroupConfig.from_json(data)
+    except GroupConfigError as exc:
+        raise BrokerError(f"group '{name}': stored config is invalid: {exc}") from None

@@ -1,0 +1,437 @@
+"""A consumer-group member on Message DB, made exclusive by a PostgreSQL session advisory lock.
+
+Message DB lets any number of readers read a member; here only the holder of the member's
+advisory lock does. The lock lives on the binding's own connection, so the server frees it
+the moment that connection dies (a crashed reader), and the position writes go through the
+same connection: a reader that lost the lock cannot record a position any more.
+
+The holder reads `get_category_messages(category, position + 1, ..., member, size)` in global
+position order, hands the messages out tagged with its ownership epoch, and records the highest
+position below which everything was acked in the member's position stream (batched: a reader
+that crashes replays what it had not recorded yet, duplicates the validator counts).
+
+Across resizes (generations.py) queue q walks its stints: member q of each generation that
+has one, plus, in the current size S, the members r >= S of older generations with r mod S = q
+(so a shrunk group drains its old members even when every client runs the new size). A stint
+of an older generation ends once drained up to its switch position; a stint of a newer one
+starts only when every member of the generation before it is drained.
+
+Steering: a preferred binding tries the lock every poll; the others only after seeing it free
+on two slower checks in a row, so a released member goes to its primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import orjson
+
+from lbg.aio import cancel_and_wait
+from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
+from lbg.broker.messagedb import generations, naming
+from lbg.broker.messagedb.generations import Generation
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+MAX_OUTSTANDING = 1000
+FLUSH_SECONDS = 0.2
+REFRESH_SECONDS = 1.0
+STANDBY_CHECKS = 2
+STANDBY_FACTOR = 3
+CLOSE_SECONDS = 5.0
+
+Connect = Callable[[str], Awaitable[asyncpg.Connection]]
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+HOLDER_SQL = """
+SELECT l.pid FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+class MessageDbBinding(EpochBinding):
+    """One client's reader of one consumer-group member: active (lock holder) or standby."""
+
+    def __init__(
+        self,
+        queue: int,
+        group: str,
+        hash_prefix: str,
+        app_name: str,
+        connect: Connect,
+        poll_seconds: float,
+        paused_for: Callable[[], float],
+        stall_limit: float,
+        preferred: bool = True,
+        on_change: StateListener | None = None,
+    ) -> None:
+        super().__init__(queue, on_change)
+        self._group = group
+        self._hash_prefix = hash_prefix
+        self._category = naming.event_category(hash_prefix)
+        self._app_name = app_name
+        self._connect = connect
+        self._poll = poll_seconds
+        self._paused_for = paused_for
+        self._stall_limit = stall_limit
+        self._preferred = preferred
+        self._conn: asyncpg.Connection | None = None
+        self._conn_lock = asyncio.Lock()
+        self._generations: list[Generation] = []
+        self._refreshed = 0.0
+        self._floor = 0
+        self._ready: set[int] = set()
+        self._stint: tuple[Generation, int] | None = None
+        self._holding = False
+        self._pid: int | None = None
+        self._next = 1
+        self._pending: deque[int] = deque()
+        self._acked: set[int] = set()
+        self._done = 0
+        self._fetched = 0
+        self._recorded = 0
+        self._last_flush = 0.0
+        self._free_seen = 0
+        self._running = asyncio.Event()
+        self._running.set()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task = asyncio.create_task(self._loop(), name=f"messagedb-{app_name}")
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def pin(self) -> str | None:
+        return str(self._pid) if self._active and self._pid is not None else None
+
+    @property
+    def waiting(self) -> bool:
+        return self._preferred and not self._active and self._running.is_set() and not self._closed
+
+    def set_preferred(self, preferred: bool) -> None:
+        if preferred != self._preferred:
+            self._preferred = preferred
+            self._free_seen = 0
+            self._wake.set()
+
+    def suspend(self, suspended: bool) -> None:
+        if suspended:
+            self._running.clear()
+            self._lose("suspended")
+        elif not self._closed:
+            self._running.set()
+            self._wake.set()
+
+    async def pinned_by(self) -> str | None:
+        try:
+            async with self._conn_lock:
+                pid = await self._holder(await self._connection())
+        except DB_ERRORS as exc:
+            raise BrokerError(f"queue {self.queue}: cannot tell who holds it: {exc}") from None
+        return None if pid is None else str(pid)
+
+    async def evict(self, pin: str) -> bool:
+        """Terminate the holder's backend: the server then frees its lock at once."""
+        if not pin.isdigit():
+            return False
+        try:
+            async with self._conn_lock:
+                conn = await self._connection()
+                if await self._holder(conn) != int(pin):
+                    return False
+                terminated = bool(await conn.fetchval("SELECT pg_terminate_backend($1)", int(pin)))
+        except DB_ERRORS as exc:
+            raise BrokerError(f"queue {self.queue}: cannot evict {pin}: {exc}") from None
+        if terminated:
+            log.info("queue %d: evicted the reader with backend pid %s", self.queue, pin)
+            self._wake.set()
+        return terminated
+
+    def owns(self, delivery: Delivery) -> bool:
+        if delivery.epoch != self._epoch or not self._active:
+            return False
+        if self._paused_for() > self._stall_limit:
+            self._lose("this process was paused past the stall limit (stalled)")
+            return False
+        return True
+
+    async def ack(self, delivery: Delivery) -> bool:
+        if not self.owns(delivery):
+            return False
+        self._acked.add(int(delivery.token))  # type: ignore[call-overload]
+        while self._pending and self._pending[0] in self._acked:
+            position = self._pending.popleft()
+            self._acked.discard(position)
+            self._done = position
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS or not self._pending:
+            self._wake.set()
+        return True
+
+    def fence(self, reason: str) -> None:
+        self._lose(reason)
+
+    async def release(self, standby_delay: float) -> None:
+        self._running.clear()
+        self._lose("released for handover")
+        await self._give_up()
+        await asyncio.sleep(standby_delay)
+        if not self._closed:
+            self._running.set()
+            self._wake.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._running.set()
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_SECONDS)
+        except TimeoutError:
+            await cancel_and_wait(self._task)
+        self._lose("closed")
+        await self._give_up()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def _lose(self, reason: str) -> None:
+        """Stop owning the member now: nothing delivered so far is processed or acked; the
+        loop records what was acked before and frees the lock."""
+        self._new_epoch()
+        self._pending.clear()
+        self._acked.clear()
+        self._set_active(False, reason)
+        self._wake.set()
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            if self._active:
+                self._lose("connection to the database lost (the member lock with it)")
+            self._holding = False
+            reconnect = self._conn is not None
+            self._conn = await self._connect(self._app_name)
+            self._pid = self._conn.get_server_pid()
+            if reconnect:
+                log.info("queue %d: reconnected to the broker", self.queue)
+        return self._conn
+
+    def _keys(self) -> tuple[int, int]:
+        """The lock of the current stint, else of this queue's member now."""
+        if self._stint is not None:
+            generation, member = self._stint
+            return generations.lock_keys(self._hash_prefix, member, generation.index)
+        index = self._generations[-1].index if self._generations else 0
+        return generations.lock_keys(self._hash_prefix, self.queue, index)
+
+    async def _holder(self, conn: asyncpg.Connection) -> int | None:
+        return await conn.fetchval(HOLDER_SQL, *self._keys())
+
+    async def _give_up(self) -> None:
+        """Record the acked position, then free the lock (the next reader starts there)."""
+        async with self._conn_lock:
+            if not self._holding or self._conn is None or self._conn.is_closed():
+                self._holding = False
+                return
+            with contextlib.suppress(*DB_ERRORS):
+                await self._record(self._conn)
+                await self._conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
+            self._holding = False
+
+    async def _record(self, conn: asyncpg.Connection) -> None:
+        if self._done > self._recorded and self._stint is not None:
+            generation, member = self._stint
+            await conn.execute(
+                "SELECT message_store.write_message($1, $2, 'Recorded', $3::jsonb)",
+                str(uuid.uuid4()),
+                generations.position_stream(self._hash_prefix, member, generation.index),
+                orjson.dumps({"position": self._done}).decode(),
+            )
+            self._recorded = self._done
+        self._last_flush = time.monotonic()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            try:
+                delay = await self._step()
+            except asyncio.CancelledError:
+                raise
+            except DB_ERRORS as exc:
+                if self._active:
+                    self._lose(f"connection lost: {exc or type(exc).__name__}")
+                else:
+                    log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+                self._holding = False
+                delay = self._poll * STANDBY_FACTOR
+            if delay:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _step(self) -> float:
+        """One round: give up, take the lock, or read; returns how long to wait after it."""
+        if not self._running.is_set() or (self._holding and not self._active):
+            await self._give_up()
+            if not self._running.is_set():
+                await self._running.wait()
+            return 0.0
+        async with self._conn_lock:
+            conn = await self._connection()
+            if time.monotonic() - self._refreshed >= REFRESH_SECONDS or not self._generations:
+                await self._refresh(conn)
+            if not self._holding:
+                return await self._take(conn)
+            if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+                await self._record(conn)
+            if len(self._pending) >= MAX_OUTSTANDING:
+                return self._poll
+            return await self._read(conn)
+
+    async def _refresh(self, conn: asyncpg.Connection) -> None:
+        """Reload the group's generations (a resize may have ended the current one)."""
+        self._generations = await generations.load(conn, self._group)
+        self._refreshed = time.monotonic()
+        if self._stint is not None:
+            self._stint = (self._generations[self._stint[0].index], self._stint[1])
+
+    def _members(self, generation: Generation) -> list[int]:
+        """The members this queue reads in a generation (see the module docstring)."""
+        size = self._generations[-1].size
+        members = [self.queue] if self.queue < generation.size else []
+        if self.queue < size:
+            members += [r for r in range(size, generation.size) if r % size == self.queue]
+        return members
+
+    async def _next_stint(self, conn: asyncpg.Connection) -> tuple[Generation, int] | None:
+        """The first stint of this queue not drained yet, from the lowest generation on."""
+        for generation in self._generations[self._floor :]:
+            pending = [
+                member
+                for member in self._members(generation)
+                if not await generations.drained(conn, self._hash_prefix, member, generation)
+            ]
+            if pending:
+                return generation, pending[0]
+            if generation.end is not None and self._floor == generation.index:
+                self._floor += 1
+        return None
+
+    async def _safe_to_start(self, conn: asyncpg.Connection, generation: Generation) -> bool:
+        """Every member of the generation before this one is drained (the safe point)."""
+        if generation.index == 0 or generation.index in self._ready:
+            return True
+        before = self._generations[generation.index - 1]
+        for member in range(before.size):
+            if not await generations.drained(conn, self._hash_prefix, member, before):
+                return False
+        self._ready.add(generation.index)
+        return True
+
+    async def _take(self, conn: asyncpg.Connection) -> float:
+        stint = await self._next_stint(conn)
+        if stint is None or not await self._safe_to_start(conn, stint[0]):
+            self._stint = None
+            return self._poll * STANDBY_FACTOR
+        self._stint = stint
+        if not self._preferred:
+            if await self._holder(conn) is not None:
+                self._free_seen = 0
+                return self._poll * STANDBY_FACTOR
+            self._free_seen += 1
+            if self._free_seen < STANDBY_CHECKS:
+                return self._poll * STANDBY_FACTOR
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", *self._keys()):
+            return self._poll
+        self._holding = True
+        self._free_seen = 0
+        await self._refresh(conn)
+        generation, member = self._stint
+        if await generations.drained(conn, self._hash_prefix, member, generation):
+            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
+            self._holding = False
+            self._stint = None
+            return 0.0
+        self._recorded = self._done = await generations.recorded(
+            conn, self._hash_prefix, member, generation
+        )
+        self._next = self._done + 1
+        self._fetched = self._done
+        self._pending.clear()
+        self._acked.clear()
+        self._last_flush = time.monotonic()
+        where = f"member {member} of {generation.size}, from position {self._next}"
+        self._set_active(True, f"holds the member lock ({where})")
+        return 0.0
+
+    async def _read(self, conn: asyncpg.Connection) -> float:
+        assert self._stint is not None
+        epoch = self._epoch
+        rows = await conn.fetch(
+            "SELECT global_position, data, metadata FROM "
+            "message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
+            self._category,
+            self._next,
+            BATCH,
+            self._stint[1],
+            self._stint[0].size,
+        )
+        if rows and self._stint[0].end is None:
+            # A resize committed before any of these rows was written: cut them at its switch.
+            await self._refresh(conn)
+        if epoch != self._epoch or not self._active:
+            return 0.0
+        generation, member = self._stint
+        end = generation.end
+        taken = 0
+        for row in rows:
+            position = int(row["global_position"])
+            if end is not None and position > end:
+                break
+            subject, headers = naming.decode_metadata(row["metadata"])
+            self._pending.append(position)
+            self._fetched = position
+            self._next = position + 1
+            taken += 1
+            self._buffer.put_nowait(
+                Delivery(
+                    body=naming.decode_data(row["data"]),
+                    subject=subject,
+                    headers=headers,
+                    redelivered=False,
+                    epoch=epoch,
+                    token=position,
+                )
+            )
+        if taken == BATCH:
+            return 0.0
+        if end is not None:
+            # Nothing at or below the switch position can appear any more: all of it was read.
+            self._next = max(self._next, end + 1)
+        if end is not None and not self._pending and self._done >= self._fetched:
+            await self._record(conn)
+            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
+            self._holding = False
+            self._stint = None
+            self._lose(
+                f"member {member} of {generation.size} drained up to position {end} "
+                f"(recorded {self._recorded})"
+            )
+            return 0.0
+        return self._poll

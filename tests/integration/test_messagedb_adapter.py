@@ -1,0 +1,159 @@
+"""The Message DB adapter's own guarantees, on a real PostgreSQL: one active reader per member
+(an advisory lock), positions recorded the Message DB way, standbys taking over."""
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker, Delivery, QueueBinding
+from lbg.broker.messagedb import naming
+from lbg.destinations import event_destination
+from lbg.group import GroupConfig
+from lbg.local_brokers import BrokerEndpoint
+from lbg.settings import BrokerSettings
+
+CONFIG = GroupConfig("PREFIX", 8, 2)
+
+
+async def _broker(url: str, name: str) -> Broker:
+    return await connect_broker(BrokerSettings(url=url), name)
+
+
+async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def _take(binding: QueueBinding, count: int) -> list[Delivery]:
+    return [await asyncio.wait_for(binding.next(), 10) for _ in range(count)]
+
+
+def _run(url: str, scenario: Callable[[Broker, GroupConfig, str], Awaitable[None]]) -> None:
+    async def main() -> None:
+        group = f"m{uuid.uuid4().hex[:10]}"
+        config = GroupConfig(group, CONFIG.hash_count, CONFIG.queue_count)
+        admin = await _broker(url, "test-admin")
+        await admin.create_group(group, config)
+        try:
+            await scenario(admin, config, group)
+        finally:
+            await admin.delete_group(group)
+            await admin.close()
+
+    asyncio.run(main())
+
+
+async def _publish_to_queue(broker: Broker, config: GroupConfig, queue: int, count: int) -> list:
+    """Publish `count` events on keys of `queue`; their bodies in order."""
+    keys = [k for k in (f"k{i}" for i in range(200)) if config.queue_for_key(k) == queue][:3]
+    bodies = []
+    for i in range(count):
+        key = keys[i % len(keys)]
+        body = f'{{"n":{i}}}'.encode()
+        await broker.publish(
+            event_destination(config.hash_prefix, config.bucket_for_key(key), key), body
+        )
+        bodies.append(body)
+    return bodies
+
+
+@pytest.fixture(scope="module")
+def url(messagedb: BrokerEndpoint) -> str:
+    return messagedb.url
+
+
+def test_one_reader_per_member_and_a_standby_resumes_at_the_recorded_position(url: str) -> None:
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        bodies = await _publish_to_queue(admin, config, 1, 30)
+        first = await _broker(url, "first")
+        second = await _broker(url, "second")
+        try:
+            a = await first.bind(group, config, 1, "client-a")
+            await _until(lambda: a.active)
+            b = await second.bind(group, config, 1, "client-b")
+            taken = await _take(a, 10)
+            assert [d.body for d in taken] == bodies[:10]
+            for delivery in taken:
+                assert await a.ack(delivery)
+            await asyncio.sleep(0.5)
+            assert not b.active and b.waiting
+            assert await b.pinned_by() == a.pin
+            await a.close()
+            await _until(lambda: b.active)
+            rest = await _take(b, 20)
+            assert [d.body for d in rest] == bodies[10:]
+            await b.close()
+        finally:
+            await first.close()
+            await second.close()
+
+    _run(url, scenario)
+
+
+def test_evicting_a_holder_hands_the_member_over_and_replays_what_it_had_not_recorded(
+    url: str,
+) -> None:
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        bodies = await _publish_to_queue(admin, config, 0, 12)
+        first = await _broker(url, "first")
+        second = await _broker(url, "second")
+        try:
+            a = await first.bind(group, config, 0, "client-a")
+            await _until(lambda: a.active)
+            b = await second.bind(group, config, 0, "client-b")
+            taken = await _take(a, 4)
+            for delivery in taken:
+                assert await a.ack(delivery)
+            await asyncio.sleep(0.5)  # recorded
+            more = await _take(a, 2)
+            assert await a.ack(more[0])
+            pin = await b.pinned_by()
+            assert pin == a.pin
+            a.set_preferred(False)
+            assert await b.evict(pin)
+            await _until(lambda: b.active and not a.active)
+            assert not await a.ack(more[1]), "a reader that lost the lock acked"
+            rest = await _take(b, 8)
+            assert [d.body for d in rest] == bodies[4:]
+            await b.close()
+            await a.close()
+        finally:
+            await first.close()
+            await second.close()
+
+    _run(url, scenario)
+
+
+def test_positions_are_a_message_db_position_stream(url: str) -> None:
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        await _publish_to_queue(admin, config, 1, 5)
+        reader = await _broker(url, "reader")
+        try:
+            binding = await reader.bind(group, config, 1, "client-a")
+            for delivery in await _take(binding, 5):
+                assert await binding.ack(delivery)
+            await binding.close()
+        finally:
+            await reader.close()
+        conn = await asyncpg.connect(url, server_settings={"search_path": "message_store,public"})
+        try:
+            row = await conn.fetchrow(
+                "SELECT type, data FROM get_last_stream_message($1)",
+                naming.position_stream(config.hash_prefix, 1),
+            )
+            last = await conn.fetchval(
+                "SELECT max(global_position) FROM get_category_messages($1, 1, -1, NULL, 1, 2)",
+                naming.event_category(config.hash_prefix),
+            )
+        finally:
+            await conn.close()
+        assert row["type"] == "Recorded"
+        assert f'"position": {last}' in row["data"]
+
+    _run(url, scenario)

@@ -1,0 +1,124 @@
+"""Resizing a Message DB group at run time, under load: old members drain up to the switch
+position, new ones start after them, and the validator finds nothing lost or reordered."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import orjson
+import pytest
+from tests.support.processes import cli, run_validator
+
+from lbg.broker.messagedb import generations
+from lbg.local import LocalDeployment, script
+from lbg.local_brokers import BrokerEndpoint
+
+
+@pytest.fixture
+def group(messagedb: BrokerEndpoint) -> Iterator[str]:
+    name = f"r{uuid.uuid4().hex[:10]}"
+    cli(
+        "cg-admin",
+        "--broker-url",
+        messagedb.url,
+        "create",
+        "--group",
+        name,
+        "--hash-prefix",
+        name,
+        "--hash-count",
+        "24",
+        "--queue-count",
+        "2",
+    )
+    yield name
+    cli("cg-admin", "--broker-url", messagedb.url, "delete", name, check=False)
+
+
+@pytest.fixture
+def deployment(messagedb: BrokerEndpoint, group: str, tmp_path: Path) -> Iterator[LocalDeployment]:
+    local = LocalDeployment(messagedb.url, group, tmp_path / "daemons")
+    yield local
+    local.stop_all()
+
+
+def _members_that_read(url: str, group: str) -> dict[tuple[int, int], int]:
+    """(generation, member) -> recorded position, for every position stream written."""
+
+    async def read() -> dict[tuple[int, int], int]:
+        conn = await asyncpg.connect(url, server_settings={"search_path": "message_store,public"})
+        try:
+            history = await generations.load(conn, group)
+            found = {}
+            for generation in history:
+                for member in range(generation.size):
+                    stream = generations.position_stream(group, member, generation.index)
+                    row = await conn.fetchrow(
+                        "SELECT data FROM get_last_stream_message($1)", stream
+                    )
+                    if row is not None:
+                        found[generation.index, member] = orjson.loads(row["data"])["position"]
+            return found
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def test_grow_then_shrink_under_load_loses_and_reorders_nothing(
+    messagedb: BrokerEndpoint, group: str, deployment: LocalDeployment
+) -> None:
+    for name in ("client-a", "client-b"):
+        deployment.start(name, "lbg-client", "--id", name)
+    publisher = deployment.start_publisher(
+        "pub", "--keys", "40", "--rate", "300", "--duration", "14"
+    )
+    time.sleep(4)
+    grown = cli("cg-admin", "--broker-url", messagedb.url, "resize", group, "--queues", "4")
+    assert "QC 2 -> 4" in grown.stdout, grown.stdout
+    for name in ("client-c", "client-d"):
+        deployment.start(name, "lbg-client", "--id", name)
+    time.sleep(5)
+    shrunk = cli("cg-admin", "--broker-url", messagedb.url, "resize", group, "--queues", "2")
+    assert "QC 4 -> 2" in shrunk.stdout, shrunk.stdout
+    assert publisher.wait(40) == 0, publisher.log_tail()
+
+    report = run_validator(deployment, timeout=90)
+
+    assert report["published"] > 2000
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert report["duplicates"] == 0
+    read = _members_that_read(messagedb.url, group)
+    assert {(1, 2), (1, 3)} <= set(read), f"the grown members never read: {read}"
+    assert {(2, 0), (2, 1)} <= set(read), f"the shrunk generation never read: {read}"
+    show = cli("cg-admin", "--broker-url", messagedb.url, "show", group)
+    assert '"QC":2' in show.stdout.replace(" ", ""), show.stdout
+
+
+def test_resize_refuses_a_size_that_does_not_divide_the_hash_count(
+    messagedb: BrokerEndpoint, group: str
+) -> None:
+    result = cli(
+        "cg-admin", "--broker-url", messagedb.url, "resize", group, "--queues", "5", check=False
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "QC (queue count) 5" in result.stderr and "HC (hash count) 24" in result.stderr
+
+
+def test_resize_is_refused_on_other_brokers(nats_url: str) -> None:
+    import subprocess
+
+    result = subprocess.run(
+        [script("cg-admin"), "--broker-url", nats_url, "resize", "g", "--queues", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "only Message DB groups" in result.stderr
