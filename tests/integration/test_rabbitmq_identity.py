@@ -1,17 +1,22 @@
 """RabbitMQ only: cg-admin gives the client identity (CU) access to its own group and nothing
-else, and removes it with the last group that uses it."""
+else (no other group's queues, no events: it only consumes and writes outputs and heartbeats),
+and removes it with the last group that uses it."""
 
 import asyncio
 import os
 import subprocess
 import uuid
 
+import aio_pika
+import aiormq.exceptions
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 from yarl import URL
 
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, PublishError
-from lbg.destinations import OutputKind, output_destination
+from lbg.broker.rabbitmq.topology import queue_name
+from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.local import script
 from lbg.local_brokers import BrokerEndpoint
 from lbg.settings import BrokerSettings
@@ -40,6 +45,24 @@ def as_user(rabbitmq: BrokerEndpoint, user: str, password: str) -> str:
     return str(URL(rabbitmq.url).with_user(user).with_password(password))
 
 
+async def ignore(message: AbstractIncomingMessage) -> None:
+    """A consumer callback for probes that expect no message."""
+
+
+async def consume_refusal(url: str, queue: str) -> str:
+    """Try to consume `queue` as the identity at `url`: the broker's refusal, or "allowed"."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        target = await channel.get_queue(queue, ensure=False)
+        await target.consume(ignore)
+        return "allowed"
+    except aiormq.exceptions.ChannelAccessRefused as exc:
+        return str(exc)
+    finally:
+        await connection.close()
+
+
 async def probe(url: str, own: str, other: str) -> dict[str, str]:
     """What the identity at `url` may do on its own group and on another one."""
     outcome: dict[str, str] = {}
@@ -49,7 +72,18 @@ async def probe(url: str, own: str, other: str) -> dict[str, str]:
         binding = await broker.bind(own, config, 0, "probe")
         await binding.close()
         await broker.publish(output_destination(own, OutputKind.VALIDATION), b"{}")
+        heard: asyncio.Queue[bytes] = asyncio.Queue()
+        unsubscribe = await broker.subscribe_control(own, heard.put_nowait)
+        await broker.publish_control(own, b"beat")
+        assert await asyncio.wait_for(heard.get(), 5) == b"beat"
+        await unsubscribe()
         outcome["own"] = "ok"
+        try:
+            await broker.publish(event_destination(config.hash_prefix, 0, "k"), b"{}")
+            outcome["publish event"] = "allowed"
+        except PublishError as exc:
+            outcome["publish event"] = str(exc)
+        outcome["consume other"] = await consume_refusal(url, queue_name(other, 0))
         try:
             await broker.read_group(other)
             outcome["read other"] = "allowed"
@@ -83,10 +117,15 @@ def test_client_identity_reaches_its_group_only_and_goes_with_it(
     )
     admin(rabbitmq, "create", "--group", other, "--hash-prefix", other)
     try:
+        stored = admin(rabbitmq, "list", "--json")
+        assert own in stored and "s3cret" not in stored, "the client password is in a group config"
         outcome = asyncio.run(probe(as_user(rabbitmq, user, "s3cret"), own, other))
         assert outcome["own"] == "ok"
         assert "not allowed" in outcome["read other"]
         assert outcome["publish other"] != "allowed"
+        assert "ACCESS_REFUSED" in outcome["publish event"]
+        assert f"access to queue '{queue_name(other, 0)}'" in outcome["consume other"]
+        assert "refused" in outcome["consume other"]
     finally:
         admin(rabbitmq, "delete", own)
         admin(rabbitmq, "delete", other)

@@ -1,5 +1,8 @@
 """Against a real Solace PubSub+ broker (make test-solace): create, publish, consume, fail over.
 
+The queues are `no-access` to everyone but their owner, so the consumers connect as the group's
+client username (CU), created here with a throwaway password.
+
 Skipped unless LBG_TEST_SOLACE_URL, _VPN, _SEMP_URL, _USER, _PASSWORD, _ADMIN_USER and
 _ADMIN_PASSWORD are set. The group, its queues and its client username are named uniquely
 and deleted at the end.
@@ -8,11 +11,12 @@ and deleted at the end.
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 import uuid
 from collections.abc import Callable
 
 import pytest
+from tests.support.solace_env import missing, solace_settings
 
 from lbg.broker.base import Delivery, QueueBinding
 from lbg.broker.solace.adapter import SolaceBroker, connect
@@ -22,24 +26,14 @@ from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.solace
 
-ENV = {
-    "url": "LBG_TEST_SOLACE_URL",
-    "vpn": "LBG_TEST_SOLACE_VPN",
-    "admin_url": "LBG_TEST_SOLACE_SEMP_URL",
-    "user": "LBG_TEST_SOLACE_USER",
-    "password": "LBG_TEST_SOLACE_PASSWORD",
-    "admin_user": "LBG_TEST_SOLACE_ADMIN_USER",
-    "admin_password": "LBG_TEST_SOLACE_ADMIN_PASSWORD",
-}
 EVENTS = 40
 WAIT = 20.0
 
 
 def live_settings() -> BrokerSettings:
-    missing = [name for name in ENV.values() if not os.environ.get(name)]
-    if missing:
-        pytest.skip(f"no Solace broker: set {', '.join(missing)}")
-    return BrokerSettings(**{key: os.environ[name] for key, name in ENV.items()})
+    if missing():
+        pytest.skip(f"no Solace broker: set {', '.join(missing())}")
+    return solace_settings()
 
 
 async def wait_until(condition: Callable[[], bool], what: str) -> None:
@@ -72,16 +66,18 @@ def test_group_lifecycle_exclusivity_order_and_failover() -> None:
         admin = await connect(settings, f"lbg-test-admin-{group}")
         first: SolaceBroker | None = None
         second: SolaceBroker | None = None
+        password = uuid.uuid4().hex
+        client = dataclasses.replace(settings, user=config.client_username, password=password)
         try:
-            await admin.create_group(group, config, client_password=uuid.uuid4().hex)
+            await admin.create_group(group, config, client_password=password)
             assert await admin.read_group(group) == config
             assert (await admin.list_groups())[group] == config
             bucket = config.buckets_for_queue(0)[0]
             for n in range(EVENTS):
                 destination = event_destination(config.hash_prefix, bucket, "key-1")
                 await admin.publish(destination, str(n).encode(), {"Lbg-Seq": str(n)})
-            first = await connect(settings, f"lbg-test-a-{group}")
-            second = await connect(settings, f"lbg-test-b-{group}")
+            first = await connect(client, f"lbg-test-a-{group}")
+            second = await connect(client, f"lbg-test-b-{group}")
             one = await first.bind(group, config, 0, "a")
             await wait_until(lambda: one.active, "the first binding to become active")
             two = await second.bind(group, config, 0, "b")

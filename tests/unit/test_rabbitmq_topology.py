@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.broker.rabbitmq import topology
-from lbg.destinations import event_destination
+from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.group import GroupConfig
 
 group_names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
@@ -57,6 +57,13 @@ def test_exclusive_groups_get_single_active_consumer_quorum_queues() -> None:
     assert "x-single-active-consumer" not in competing
 
 
+def test_quorum_queues_are_placed_on_rf_nodes() -> None:
+    config = GroupConfig(hash_prefix="a", hash_count=4, queue_count=2)
+    assert topology.queue_arguments(config)["x-quorum-initial-group-size"] == 1
+    replicated = GroupConfig(hash_prefix="a", hash_count=4, queue_count=2, replicas=3)
+    assert topology.queue_arguments(replicated)["x-quorum-initial-group-size"] == 3
+
+
 @given(group_names, group_names)
 def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, other: str) -> None:
     permissions = {k: re.compile(v) for k, v in topology.client_permissions([mine]).items()}
@@ -71,3 +78,49 @@ def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, ot
     if other != mine:
         theirs = [topology.queue_name(other, 0), topology.exchange_name(other)]
         assert not any(permissions[p].match(name) for p in permissions for name in theirs)
+
+
+hash_prefixes = st.from_regex(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}", fullmatch=True)
+
+
+@given(group_names, hash_prefixes, keys, st.integers(min_value=0, max_value=999))
+def test_a_publisher_writes_its_groups_events_and_summary_only(
+    group: str, prefix: str, key: str, bucket: int
+) -> None:
+    config = GroupConfig(hash_prefix=prefix, hash_count=1000, queue_count=1)
+    topic = topology.publisher_topic_permissions(group, config)
+    write = re.compile(topic["write"])
+    assert topic["exchange"] == topology.exchange_name(group)
+    assert not re.compile(topic["read"]).search(topology.control_routing_key(group))
+    event = topology.routing_key(event_destination(prefix, bucket, key))
+    summary = topology.routing_key(output_destination(group, OutputKind.SUMMARY))
+    assert write.search(event) and write.search(summary)
+    refused = [
+        topology.routing_key(output_destination(group, OutputKind.VALIDATION)),
+        topology.routing_key(output_destination(group, OutputKind.DEAD)),
+        topology.control_routing_key(group),
+        f"{prefix}x.{bucket}.k",
+        f"{prefix}.x{bucket}",
+        f"{summary}.more",
+        prefix,
+    ]
+    assert not [k for k in refused if write.search(k)]
+
+
+@given(group_names, group_names)
+def test_publisher_permissions_cover_its_exchange_and_config_only(mine: str, other: str) -> None:
+    permissions = {k: re.compile(v) for k, v in topology.publisher_permissions([mine]).items()}
+    assert permissions["write"].search(topology.exchange_name(mine))
+    assert permissions["read"].search(topology.config_queue_name(mine))
+    own = [topology.queue_name(mine, 0), topology.output_queue_name(mine), "amq.gen-abc"]
+    assert not [n for n in own for p in permissions.values() if p.search(n)]
+    assert not permissions["configure"].search(topology.exchange_name(mine))
+    if other != mine:
+        theirs = [topology.exchange_name(other), topology.config_queue_name(other)]
+        assert not [n for n in theirs for p in permissions.values() if p.search(n)]
+
+
+def test_publisher_permissions_list_every_group() -> None:
+    write = re.compile(topology.publisher_permissions(["b", "a"])["write"])
+    assert write.pattern == r"^(?:lbg\.a|lbg\.b)$"
+    assert write.search("lbg.a") and write.search("lbg.b") and not write.search("lbg.c")

@@ -7,8 +7,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from test_semp_contract import check_request
 
 from lbg.broker.base import BrokerError, GroupExists, GroupNotFound
+from lbg.broker.nats.adapter import NatsBroker
 from lbg.broker.solace import provision
 from lbg.broker.solace.adapter import queue_status
 from lbg.broker.solace.provision import Provisioner
@@ -43,7 +45,7 @@ def test_create_makes_the_original_objects(server: SempServer, admin: Provisione
     for n, name in enumerate(queues):
         queue = server.object(VPN, "queues", name)
         assert queue["accessType"] == "exclusive"
-        assert queue["permission"] == "consume"
+        assert queue["permission"] == "no-access"
         assert queue["ingressEnabled"] is queue["egressEnabled"] is True
         assert queue["maxMsgSpoolUsage"] == 100
         assert queue["owner"] == "cu1"
@@ -339,3 +341,107 @@ def test_naming_is_documented_and_stable() -> None:
     assert provision.bucket_subscriptions(CONFIG, 2) == ["orders/2/>", "orders/6/>"]
     for documented in ("`lbg.<g>.q<N>`", "`lbg.<g>.out`", "`lbg/<g>`", "`<HP>/<b>/>`"):
         assert documented in (provision.__doc__ or "")
+
+
+PUBLISHER_EXCEPTIONS = ["smf,_lbg/g1/summary", "smf,orders/>"]
+
+
+def test_grant_publisher_lets_it_publish_the_groups_events_and_summary_only(
+    server: SempServer, admin: Provisioner
+) -> None:
+    run(admin.create_group("g1", CONFIG))
+    run(admin.grant_publisher("g1", CONFIG, "pub", "pw"))
+    user = server.object(VPN, "clientUsernames", "pub")
+    assert (user["password"], user["enabled"]) == ("pw", True)
+    assert (user["aclProfileName"], user["clientProfileName"]) == ("pub", "pub")
+    acl = server.object(VPN, "aclProfiles", "pub")
+    assert acl["clientConnectDefaultAction"] == "allow"
+    assert acl["publishTopicDefaultAction"] == acl["subscribeTopicDefaultAction"] == "disallow"
+    assert server.names(VPN, "aclProfiles", "pub", "publishTopicExceptions") == (
+        PUBLISHER_EXCEPTIONS
+    )
+    assert server.names(VPN, "aclProfiles", "pub", "subscribeTopicExceptions") == []
+    profile = server.object(VPN, "clientProfiles", "pub")
+    assert profile["allowGuaranteedMsgSendEnabled"] is True
+    assert profile["allowGuaranteedMsgReceiveEnabled"] is False
+    assert profile["allowGuaranteedEndpointCreateEnabled"] is False
+    for request in server.requests:
+        check_request(request)
+
+
+def test_a_publisher_serves_groups_until_revoked_from_the_last(
+    server: SempServer, admin: Provisioner
+) -> None:
+    second = GroupConfig(hash_prefix="pay", hash_count=4, queue_count=2)
+    run(admin.create_group("g1", CONFIG))
+    run(admin.create_group("g2", second))
+    run(admin.grant_publisher("g1", CONFIG, "pub", "pw"))
+    run(admin.grant_publisher("g2", second, "pub", None))
+    run(admin.grant_publisher("g2", second, "pub", None))
+    exceptions = server.names(VPN, "aclProfiles", "pub", "publishTopicExceptions")
+    assert exceptions == sorted([*PUBLISHER_EXCEPTIONS, "smf,_lbg/g2/summary", "smf,pay/>"])
+    run(admin.revoke_publisher("g2", second, "pub"))
+    assert server.names(VPN, "aclProfiles", "pub", "publishTopicExceptions") == (
+        PUBLISHER_EXCEPTIONS
+    )
+    assert server.names(VPN, "clientUsernames") == ["cu1", "lbg-client", "pub"]
+    with pytest.raises(BrokerError, match="user 'pub' is not a publisher of group 'g2'"):
+        run(admin.revoke_publisher("g2", second, "pub"))
+    run(admin.revoke_publisher("g1", CONFIG, "pub"))
+    assert server.names(VPN, "clientUsernames") == ["cu1", "lbg-client"]
+    assert server.names(VPN, "aclProfiles") == ["cu1", "lbg-client"]
+    assert server.names(VPN, "clientProfiles") == ["cu1", "lbg-client"]
+    for request in server.requests:
+        check_request(request)
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "prepare", "refusal"),
+    [
+        ("cu1", "pw", None, "'cu1' is the client username \\(CU\\) of group 'g1'"),
+        ("pub", None, None, "publisher username 'pub' does not exist: give a password"),
+        ("pub", "pw", "clientProfiles", "client profile 'pub' already exists"),
+        ("pub", "pw", "clientUsernames", "client username 'pub' already exists with ACL"),
+    ],
+)
+def test_grant_publisher_refuses_a_clash_and_creates_nothing(
+    server: SempServer,
+    admin: Provisioner,
+    user: str,
+    password: str | None,
+    prepare: str | None,
+    refusal: str,
+) -> None:
+    run(admin.create_group("g1", CONFIG))
+    if prepare is not None:
+        body = {IDENTIFIERS[prepare][0]: user}
+        run(admin.semp.create(f"/msgVpns/{VPN}/{prepare}", body))
+    before = dict(server.objects)
+    with pytest.raises(BrokerError, match=refusal):
+        run(admin.grant_publisher("g1", CONFIG, user, password))
+    assert server.objects == before
+
+
+@pytest.mark.parametrize("adopt", [False, True])
+def test_a_grant_failing_part_way_undoes_what_it_created(
+    server: SempServer, admin: Provisioner, adopt: bool
+) -> None:
+    second = GroupConfig(hash_prefix="pay", hash_count=4, queue_count=2)
+    run(admin.create_group("g1", CONFIG))
+    run(admin.create_group("g2", second))
+    if adopt:
+        run(admin.grant_publisher("g2", second, "pub", "pw"))
+    before = dict(server.objects)
+    server.fail("POST", lambda path: path.endswith("/publishTopicExceptions"), skip=1)
+    with pytest.raises(BrokerError, match=r"cannot grant 'pub' publishing to 'g1': .*injected"):
+        run(admin.grant_publisher("g1", CONFIG, "pub", "pw"))
+    assert server.objects == before
+    assert sum(r.method == "DELETE" for r in server.requests) == (1 if adopt else 3)
+
+
+def test_brokers_keeping_users_elsewhere_say_how_to_make_a_publisher() -> None:
+    broker = NatsBroker.__new__(NatsBroker)
+    with pytest.raises(BrokerError, match="NATS users live in the server config: render"):
+        run(broker.grant_publisher("g1", CONFIG, "pub", "pw"))
+    with pytest.raises(BrokerError, match=r"python -m lbg\.broker\.nats\.permissions"):
+        run(broker.revoke_publisher("g1", CONFIG, "pub"))

@@ -71,6 +71,14 @@ class OutputMessage:
 
 StateListener = Callable[[int, bool], None]
 
+# Where the brokers whose users cg-admin does not manage keep them, by adapter class.
+PUBLISHER_USERS_ELSEWHERE = {
+    "NatsBroker": "NATS users live in the server config: render them with"
+    " python -m lbg.broker.nats.permissions --publisher-user U",
+    "MessageDbBroker": "Message DB users are PostgreSQL roles: create the publisher's role"
+    " and GRANT it what it needs in PostgreSQL",
+}
+
 
 class QueueBinding(abc.ABC):
     """A consumer bound to one exclusive queue: active (receiving) or standby.
@@ -187,6 +195,23 @@ class Broker(abc.ABC):
         broker keeps users, the client identity (CU) gets access to this group only, and is
         created with `client_password` if it does not exist.
         """
+
+    async def grant_publisher(
+        self, group: str, config: GroupConfig, user: str, password: str | None
+    ) -> None:
+        """Let `user` publish the group's events and summary and nothing else, creating it
+        with `password` if it does not exist; only brokers that keep users do this."""
+        raise BrokerError(self._publisher_users_hint())
+
+    async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
+        """Take back what grant_publisher gave `user` on this group."""
+        raise BrokerError(self._publisher_users_hint())
+
+    def _publisher_users_hint(self) -> str:
+        """One line saying how to give a publisher least privilege on this broker instead."""
+        return PUBLISHER_USERS_ELSEWHERE.get(
+            type(self).__name__, "this broker's users are not managed by cg-admin"
+        )
 
     @abc.abstractmethod
     async def read_group(self, name: str) -> GroupConfig:

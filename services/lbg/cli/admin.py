@@ -24,9 +24,11 @@ from lbg.cli.common import (
     setup_logging,
 )
 from lbg.group import GroupConfig, validate_group_name
+from lbg.hashing import HASH_FUNCTIONS
 from lbg.settings import AdminConfig
 
 CLIENT_PASSWORD_ENV = "LBG_CLIENT_PASSWORD"
+PUBLISHER_PASSWORD_ENV = "LBG_PUBLISHER_PASSWORD"
 
 
 def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
@@ -59,7 +61,7 @@ def main(
     """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
 
     A group has QC exclusive queues; queue q takes the hash buckets q, q+QC, q+2QC, ... below
-    HC. Its config (HP, HC, QC, QS, CU, HF) is stored in the broker for every daemon to read.
+    HC. Its config (HP, HC, QC, QS, CU, HF, RF) is stored in the broker for every daemon to read.
     """
     setup_logging(quiet=quiet)
     ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
@@ -72,7 +74,14 @@ def main(
 @click.option("--queue-count", type=int, help="QC: number of exclusive queues (max clients).")
 @click.option("--queue-size", "queue_size_mb", type=int, help="QS: spool per queue, MB.")
 @click.option("--client-username", help="CU: the identity LBG clients use.")
-@click.option("--hash-function", type=click.Choice(["java", "murmur2", "messagedb"]))
+@click.option(
+    "--hash-function", help=f"HF: key-to-bucket hash, one of {', '.join(HASH_FUNCTIONS)}."
+)
+@click.option(
+    "--replicas",
+    type=int,
+    help="RF: copies a NATS cluster keeps of each queue and of the config (1-5).",
+)
 @click.option(
     "--competing/--exclusive",
     default=None,
@@ -129,6 +138,7 @@ def create(
                 client_username=g.client_username,
                 hash_function=g.hash_function,
                 exclusive=g.exclusive,
+                replicas=g.replicas,
             )
 
     async def action(broker: Broker) -> int:
@@ -210,6 +220,87 @@ def delete(ctx: click.Context, group: str) -> None:
     async def action(broker: Broker) -> int:
         await broker.delete_group(group)
         click.echo(f"deleted group '{group}'")
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command()
+@click.argument("group")
+@click.option(
+    "--queues", "queue_count", type=click.IntRange(min=1), required=True, help="The new QC."
+)
+@click.pass_context
+def resize(ctx: click.Context, group: str, queue_count: int) -> None:
+    """Message DB only: change a running group's QC. Events up to now are read under the old
+    size, later ones under the new; the new members start once the old ones are drained."""
+    settings = _settings(ctx, name=group)
+    with one_line_errors():
+        validate_group_name(group)
+
+    async def action(broker: Broker) -> int:
+        resize_group = getattr(broker, "resize_group", None)
+        if resize_group is None:
+            fail("resize: only Message DB groups (postgresql:// URLs) can be resized at run time")
+        old, position = await resize_group(group, queue_count)
+        click.echo(
+            f"group '{group}': QC {old} -> {queue_count} after global position {position}; "
+            "clients started from now on bind the new size"
+        )
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command(name="grant-publisher")
+@click.argument("group")
+@click.option("--user", required=True, help="The publisher's username (not the group's CU).")
+@click.option(
+    "--password-file",
+    type=click.File("r", encoding="utf-8"),
+    help=f"Create the user with this password if it does not exist "
+    f"(else ${PUBLISHER_PASSWORD_ENV}; with neither, the user must exist).",
+)
+@click.pass_context
+def grant_publisher(
+    ctx: click.Context, group: str, user: str, password_file: TextIO | None
+) -> None:
+    """RabbitMQ / Solace: let USER publish the group's events and summary and nothing else."""
+    if password_file is not None:
+        password: str | None = password_file.read().strip()
+    else:
+        password = os.environ.get(PUBLISHER_PASSWORD_ENV) or None
+    settings = _settings(ctx, name=group)
+    with one_line_errors():
+        validate_group_name(group)
+
+    async def action(broker: Broker) -> int:
+        config = await broker.read_group(group)
+        await broker.grant_publisher(group, config, user, password)
+        click.echo(
+            f"user '{user}' may publish to group '{group}': its events"
+            f" ({config.hash_prefix}/...) and its summary"
+        )
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command(name="revoke-publisher")
+@click.argument("group")
+@click.option("--user", required=True, help="The publisher's username.")
+@click.pass_context
+def revoke_publisher(ctx: click.Context, group: str, user: str) -> None:
+    """RabbitMQ / Solace: take back what grant-publisher gave USER on the group; a user it
+    created goes with its last group. Revoke before deleting the group."""
+    settings = _settings(ctx, name=group)
+    with one_line_errors():
+        validate_group_name(group)
+
+    async def action(broker: Broker) -> int:
+        config = await broker.read_group(group)
+        await broker.revoke_publisher(group, config, user)
+        click.echo(f"user '{user}' may no longer publish to group '{group}'")
         return 0
 
     run(lambda _stop: _with_broker(settings, action))

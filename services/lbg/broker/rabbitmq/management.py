@@ -6,6 +6,7 @@ and queue figures are read and written here too. AMQP itself cannot do any of th
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -29,7 +30,9 @@ def path_segment(name: str) -> str:
 class ManagementApi:
     """A small async client of one RabbitMQ node's management API."""
 
-    def __init__(self, base_url: str, user: str, password: str) -> None:
+    def __init__(
+        self, base_url: str, user: str, password: str, verify: ssl.SSLContext | bool = True
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(
             base_url=f"{self.base_url}/api",
@@ -37,6 +40,7 @@ class ManagementApi:
             timeout=TIMEOUT,
             trust_env=False,
             headers={"content-type": "application/json"},
+            verify=verify,
         )
 
     async def close(self) -> None:

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import re
 
-from lbg.destinations import SYSTEM_PREFIX, Destination, level_token
+from lbg.destinations import (
+    SYSTEM_PREFIX,
+    Destination,
+    OutputKind,
+    level_token,
+    output_destination,
+)
 from lbg.group import GroupConfig
 
 CONTROL_PREFIX = "_lbgctl"
@@ -60,9 +66,11 @@ def routing_key(destination: Destination) -> str:
 
 
 def queue_arguments(config: GroupConfig) -> dict[str, object]:
-    """A quorum queue; exclusive groups get single active consumer; full means publish nacked."""
+    """A quorum queue on RF cluster nodes (as many as there are, if fewer); exclusive groups
+    get single active consumer; full means publish nacked."""
     arguments: dict[str, object] = {
         "x-queue-type": "quorum",
+        "x-quorum-initial-group-size": config.replicas,
         "x-max-length-bytes": config.queue_size_mb * 1024 * 1024,
         "x-overflow": "reject-publish",
     }
@@ -85,4 +93,40 @@ def client_permissions(groups: list[str]) -> dict[str, str]:
         "configure": f"^{private}$",
         "write": f"^(?:{mine}|{private})$",
         "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config)?|{private})$",
+    }
+
+
+def client_topic_permissions(group: str) -> dict[str, str]:
+    """Topic authorisation on the group's exchange: write access to it would also let the
+    client publish events, so its routing keys are limited to the group's outputs and
+    heartbeats, and its bindings to the heartbeats."""
+    outputs = re.escape(f"{SYSTEM_PREFIX}.{group}.")
+    control = re.escape(f"{CONTROL_PREFIX}.{group}.")
+    return {
+        "exchange": exchange_name(group),
+        "write": f"^(?:{outputs}|{control})",
+        "read": f"^{control}",
+    }
+
+
+def publisher_permissions(groups: list[str]) -> dict[str, str]:
+    """Least privilege for a publisher identity serving `groups`: write only to their
+    exchanges, read only their config streams (hashed-publisher reads its group's config to
+    join), configure nothing."""
+    names = sorted(groups)
+    exchanges = "|".join(re.escape(exchange_name(g)) for g in names)
+    configs = "|".join(re.escape(config_queue_name(g)) for g in names)
+    return {"configure": "^$", "write": f"^(?:{exchanges})$", "read": f"^(?:{configs})$"}
+
+
+def publisher_topic_permissions(group: str, config: GroupConfig) -> dict[str, str]:
+    """Topic authorisation on the group's exchange for a publisher: its routing keys are the
+    group's events (`<HP>.<bucket>[.<key>]`) and its summary output, nothing else (no
+    validation or dead-letter records, no heartbeats); it binds nothing."""
+    events = re.escape(level_token(config.hash_prefix))
+    summary = re.escape(routing_key(output_destination(group, OutputKind.SUMMARY)))
+    return {
+        "exchange": exchange_name(group),
+        "write": rf"^(?:{events}\.[0-9]+(?:\..*)?|{summary})$",
+        "read": "^$",
     }

@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -83,6 +84,7 @@ from lbg.broker.solace.semp import MONITOR, SempClient
 from lbg.destinations import Destination, OutputKind
 from lbg.group import GroupConfig
 from lbg.settings import BrokerSettings
+from lbg.tls import https_verify
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +151,15 @@ def build_service(settings: BrokerSettings, name: str) -> MessagingService:
         .with_reconnection_retry_strategy(RetryStrategy.forever_retry(RETRY_INTERVAL_MS))
     )
     if settings.url.lower().startswith("tcps://"):
-        builder = builder.with_transport_security_strategy(tls_strategy())
+        builder = builder.with_transport_security_strategy(tls_strategy(settings.tls_ca_file))
     return builder.build(name)
 
 
-def tls_strategy() -> TLS:
-    """Validate the broker's certificate and name against the system's CA directory."""
-    capath = ssl.get_default_verify_paths().capath
+def tls_strategy(ca_file: str | None = None) -> TLS:
+    """Validate the broker's certificate and name against a trust store directory: the one
+    holding `ca_file` (the API reads every CA file there), else the system's CA directory."""
+    capath = os.path.dirname(os.path.abspath(ca_file)) if ca_file else None
+    capath = capath or ssl.get_default_verify_paths().capath
     return TLS.create().with_certificate_validation(
         ignore_expiration=False, validate_server_name=True, trust_store_file_path=capath
     )
@@ -351,7 +355,7 @@ class SolaceBroker(Broker):
             await asyncio.to_thread(service.connect)
         except PubSubPlusClientError as exc:
             raise BrokerError(
-                f"cannot connect to {settings.url} within {settings.connect_timeout:g}s"
+                f"cannot connect to {settings.shown_url} within {settings.connect_timeout:g}s"
                 f" ({describe(exc)})"
             ) from None
         broker = cls(service, settings, name)
@@ -360,7 +364,7 @@ class SolaceBroker(Broker):
         except PubSubPlusClientError as exc:
             await broker.close()
             raise BrokerError(
-                f"cannot start publishing on {settings.url}: {describe(exc)}"
+                f"cannot start publishing on {settings.shown_url}: {describe(exc)}"
             ) from None
         return broker
 
@@ -403,13 +407,28 @@ class SolaceBroker(Broker):
                 )
             user = settings.admin_user or settings.user or "admin"
             password = settings.admin_secret() or settings.secret() or ""
-            self._semp = SempClient(settings.admin_url, user, password)
+            self._semp = SempClient(
+                settings.admin_url, user, password, verify=https_verify(settings)
+            )
         return Provisioner(self._semp, self._settings.vpn)
 
     async def create_group(
         self, name: str, config: GroupConfig, client_password: str | None = None
     ) -> None:
+        if config.replicas != 1:
+            raise BrokerError(
+                f"RF (replicas) {config.replicas}: Solace keeps copies by its high-availability"
+                " set-up (a redundancy group), not per group: use RF 1"
+            )
         await self._admin().create_group(name, config, client_password)
+
+    async def grant_publisher(
+        self, group: str, config: GroupConfig, user: str, password: str | None
+    ) -> None:
+        await self._admin().grant_publisher(group, config, user, password)
+
+    async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
+        await self._admin().revoke_publisher(group, config, user)
 
     async def read_group(self, name: str) -> GroupConfig:
         return await self._admin().read_group(name)

@@ -2,8 +2,9 @@
 
 Objects of group `<g>` in the Message VPN (names chosen here, documented for operators):
 - `lbg.<g>.q<N>`, N = 0..QC-1: the group's queues. Exclusive (non-exclusive when EX=0),
-  `consume` permission, owner CU, QS MB of spool, ingress and egress enabled; queue N is
-  subscribed to `<HP>/<b>/>` for each of its buckets b = N, N+QC, N+2*QC, ... < HC.
+  owner CU and `no-access` for every other username (as the original CGadmin), QS MB of
+  spool, ingress and egress enabled; queue N is subscribed to `<HP>/<b>/>` for each of its
+  buckets b = N, N+QC, N+2*QC, ... < HC.
 - `lbg.<g>.out`: the output queue, non-exclusive and `read-only` for others, subscribed to
   `_lbg/<g>/>`; it keeps the validation, dead-letter and summary outputs to be browsed.
 - JNDI queue object `lbg/<g>`: its physicalName is the group JSON (at most 200 characters).
@@ -14,6 +15,9 @@ Objects of group `<g>` in the Message VPN (names chosen here, documented for ope
   `_lbg/<g>/>` (outputs) and `_lbgctl/<g>/>` and subscribing to `_lbgctl/<g>/>` (membership
   heartbeats). Queue access comes from queue ownership, not from the ACL. One CU may serve
   several groups; it is created with the first of them and deleted with the last.
+- A publisher username (`cg-admin grant-publisher`), with client and ACL profiles named
+  after it the same way: connect allowed, subscribe denied, publish denied except `<HP>/>`
+  and `_lbg/<g>/summary` per group it publishes to; deleted with its last group.
 
 Every check runs before anything is created; a failure part-way deletes what this run
 created, newest first. Deleting a queue deletes its subscriptions with it.
@@ -26,7 +30,7 @@ from collections.abc import Iterable
 
 from lbg.broker.base import BrokerError, GroupExists, GroupNotFound
 from lbg.broker.solace.semp import SempClient, SempError, segment
-from lbg.destinations import SYSTEM_PREFIX
+from lbg.destinations import SYSTEM_PREFIX, OutputKind
 from lbg.group import GroupConfig, GroupConfigError, validate_group_name
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,16 @@ def acl_exceptions(group: str) -> list[tuple[str, str]]:
         ("publishTopicExceptions", output_topics(group)),
         ("publishTopicExceptions", control_topics(group)),
         ("subscribeTopicExceptions", control_topics(group)),
+    ]
+
+
+def publisher_exceptions(group: str, config: GroupConfig) -> list[tuple[str, str]]:
+    """(kind, topic) of each ACL exception a publisher of the group needs: its events and
+    its summary."""
+    summary = f"{SYSTEM_PREFIX}/{group}/{OutputKind.SUMMARY.value}"
+    return [
+        ("publishTopicExceptions", f"{config.hash_prefix}/>"),
+        ("publishTopicExceptions", summary),
     ]
 
 
@@ -236,6 +250,71 @@ class Provisioner:
         except SempError as exc:
             raise BrokerError(f"cannot delete group '{name}': {exc}") from None
 
+    async def grant_publisher(
+        self, group: str, config: GroupConfig, user: str, password: str | None
+    ) -> None:
+        """Check first, then create the publisher's profiles and username (unless lbg made
+        them before) and add the group's exceptions it lacks; a failure undoes this run."""
+        await self._refuse_client(user)
+        adopt = await self._check_user(user)
+        if not adopt and password is None:
+            raise BrokerError(
+                f"publisher username '{user}' does not exist: give a password to create it"
+            )
+        created: list[str] = []
+        try:
+            if not adopt:
+                await self._add_profiles(user, receive=False, created=created)
+            for kind, topic in publisher_exceptions(group, config):
+                if not await self.semp.exists(self.paths.acl_exception(user, kind, topic)):
+                    await self._add(
+                        created,
+                        self.paths.acl_exceptions(user, kind),
+                        self.paths.acl_exception(user, kind, topic),
+                        _exception_body(kind, topic),
+                    )
+            if not adopt:
+                await self._add_username(user, password, created)
+        except SempError as exc:
+            await self._undo(created)
+            raise BrokerError(
+                f"cannot grant '{user}' publishing to '{group}': {exc}"
+                f" (undid {len(created)} objects)"
+            ) from None
+
+    async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
+        """Delete the group's exceptions from the publisher's ACL profile; with the last of
+        them go the username and its profiles."""
+        await self._refuse_client(user)
+        paths = [
+            self.paths.acl_exception(user, k, t) for k, t in publisher_exceptions(group, config)
+        ]
+        granted = await self._manages(user) and any([await self.semp.exists(p) for p in paths])
+        if not granted:
+            raise BrokerError(f"user '{user}' is not a publisher of group '{group}'")
+        try:
+            for path in paths:
+                await self._delete(path)
+            left = await self.semp.list(
+                self.paths.acl_exceptions(user, "publishTopicExceptions"),
+                select="publishTopicException",
+            )
+            if not left:
+                await self._delete(self.paths.client_username(user))
+                await self._delete(self.paths.acl_profile(user))
+                await self._delete(self.paths.client_profile(user))
+        except SempError as exc:
+            raise BrokerError(f"cannot revoke '{user}' publishing to '{group}': {exc}") from None
+
+    async def _refuse_client(self, user: str) -> None:
+        """A group's CU serves clients: publishing events would break its least privilege."""
+        for name, config in (await self.list_groups()).items():
+            if config.client_username == user:
+                raise BrokerError(
+                    f"user '{user}' is the client username (CU) of group '{name}':"
+                    " a publisher needs a username of its own"
+                )
+
     async def _check_clashes(self, name: str, config: GroupConfig) -> bool:
         """Raise GroupExists on the first clash; True if CU exists already and lbg manages it."""
         if await self.semp.exists(self.paths.jndi_queue(jndi_name(name))):
@@ -252,6 +331,16 @@ class Provisioner:
         return await self._check_identity(name, config.client_username)
 
     async def _check_identity(self, name: str, user: str) -> bool:
+        adopt = await self._check_user(user)
+        if adopt:
+            for kind, topic in acl_exceptions(name):
+                if await self.semp.exists(self.paths.acl_exception(user, kind, topic)):
+                    raise GroupExists(f"ACL profile '{user}' already has {kind[:-1]} '{topic}'")
+        return adopt
+
+    async def _check_user(self, user: str) -> bool:
+        """Raise GroupExists if the username or its profiles clash with lbg's; True if the
+        username exists with lbg's profiles (to adopt), False if none of them exists."""
         record = await self.semp.find(self.paths.client_username(user))
         if record is None:
             for kind, path in (
@@ -270,9 +359,6 @@ class Provisioner:
                 f"client username '{user}' already exists with ACL profile '{acl}' and client"
                 f" profile '{profile}', not lbg's '{user}'"
             )
-        for kind, topic in acl_exceptions(name):
-            if await self.semp.exists(self.paths.acl_exception(user, kind, topic)):
-                raise GroupExists(f"ACL profile '{user}' already has {kind[:-1]} '{topic}'")
         return True
 
     async def _manages(self, user: str) -> bool:
@@ -289,28 +375,7 @@ class Provisioner:
     ) -> None:
         """The client profile, ACL profile and CU (unless adopted), then the group's exceptions."""
         if not adopt:
-            await self._add(
-                created,
-                self.paths.client_profiles(),
-                self.paths.client_profile(user),
-                {
-                    "clientProfileName": user,
-                    "allowGuaranteedMsgSendEnabled": True,
-                    "allowGuaranteedMsgReceiveEnabled": True,
-                    "allowGuaranteedEndpointCreateEnabled": False,
-                },
-            )
-            await self._add(
-                created,
-                self.paths.acl_profiles(),
-                self.paths.acl_profile(user),
-                {
-                    "aclProfileName": user,
-                    "clientConnectDefaultAction": "allow",
-                    "publishTopicDefaultAction": "disallow",
-                    "subscribeTopicDefaultAction": "disallow",
-                },
-            )
+            await self._add_profiles(user, receive=True, created=created)
         for kind, topic in acl_exceptions(group):
             await self._add(
                 created,
@@ -319,23 +384,53 @@ class Provisioner:
                 _exception_body(kind, topic),
             )
         if not adopt:
-            body: dict[str, object] = {
-                "clientUsername": user,
-                "aclProfileName": user,
+            await self._add_username(user, password, created)
+
+    async def _add_profiles(self, user: str, receive: bool, created: list[str]) -> None:
+        """The client profile (guaranteed receive only if `receive`) and the ACL profile
+        (connect allowed, every topic denied) named after the username."""
+        await self._add(
+            created,
+            self.paths.client_profiles(),
+            self.paths.client_profile(user),
+            {
                 "clientProfileName": user,
-                "enabled": True,
-            }
-            if password is not None:
-                body["password"] = password
-            await self._add(
-                created, self.paths.client_usernames(), self.paths.client_username(user), body
-            )
+                "allowGuaranteedMsgSendEnabled": True,
+                "allowGuaranteedMsgReceiveEnabled": receive,
+                "allowGuaranteedEndpointCreateEnabled": False,
+            },
+        )
+        await self._add(
+            created,
+            self.paths.acl_profiles(),
+            self.paths.acl_profile(user),
+            {
+                "aclProfileName": user,
+                "clientConnectDefaultAction": "allow",
+                "publishTopicDefaultAction": "disallow",
+                "subscribeTopicDefaultAction": "disallow",
+            },
+        )
+
+    async def _add_username(self, user: str, password: str | None, created: list[str]) -> None:
+        """The enabled client username with lbg's profiles (and its password, if given)."""
+        body: dict[str, object] = {
+            "clientUsername": user,
+            "aclProfileName": user,
+            "clientProfileName": user,
+            "enabled": True,
+        }
+        if password is not None:
+            body["password"] = password
+        await self._add(
+            created, self.paths.client_usernames(), self.paths.client_username(user), body
+        )
 
     def _queue_body(self, name: str, config: GroupConfig) -> dict[str, object]:
         return {
             "queueName": name,
             "accessType": "exclusive" if config.exclusive else "non-exclusive",
-            "permission": "consume",
+            "permission": "no-access",
             "ingressEnabled": True,
             "egressEnabled": True,
             "maxMsgSpoolUsage": config.queue_size_mb,

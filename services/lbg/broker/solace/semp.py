@@ -7,6 +7,7 @@ in `meta.paging` until the last page.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -60,6 +61,7 @@ class SempClient:
         user: str,
         password: str,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.root = api_root(url)
         self._http = httpx.AsyncClient(
@@ -69,6 +71,7 @@ class SempClient:
             trust_env=False,
             headers={"content-type": "application/json", "accept": "application/json"},
             transport=transport,
+            verify=verify,
         )
 
     async def close(self) -> None:

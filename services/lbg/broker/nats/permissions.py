@@ -1,0 +1,121 @@
+"""Least-privilege NATS users for one group: what its publisher and its clients may touch.
+
+The server holds the users (NATS has no API to create them), so this renders the
+`authorization` block of a nats-server config for a group; passwords stay out of it as
+`$VARIABLE` references that nats-server reads from its environment. Run:
+
+    python -m lbg.broker.nats.permissions --group orders --hash-prefix orders
+
+- admin (cg-admin, the validator, `lbg` tools): everything.
+- publisher: publish the group's events `<HP>.>` and its summary, read the group config.
+- client (the group's CU): pull from, ack, unpin and reset the group's consumers only, write
+  its queues' owner records, publish validation and dead-letter records and heartbeats.
+Both read replies on `_INBOX.>` (JetStream API answers, publish acks, pulled messages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from lbg.broker.nats.adapter import (
+    CONFIG_BUCKET,
+    CONTROL_PREFIX,
+    OWNERS_BUCKET,
+    events_stream,
+)
+from lbg.destinations import SYSTEM_PREFIX, OutputKind
+
+INBOX = "_INBOX.>"
+ADMIN_USER = "lbg-admin"
+PUBLISHER_USER = "lbg-publisher"
+CLIENT_USER = "lbg-client"
+
+
+def read_config_subjects(group: str) -> list[str]:
+    """Find the config bucket and get this group's key (direct get: one subject per key)."""
+    stream = f"KV_{CONFIG_BUCKET}"
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.$KV.{CONFIG_BUCKET}.{group}",
+    ]
+
+
+def publisher_permissions(group: str, hash_prefix: str) -> dict[str, Any]:
+    """The group's events and its summary; nothing else, and no subscription but replies."""
+    publish = [
+        f"{hash_prefix}.>",
+        f"{SYSTEM_PREFIX}.{group}.{OutputKind.SUMMARY.value}",
+        *read_config_subjects(group),
+    ]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [INBOX]}}
+
+
+def client_permissions(group: str) -> dict[str, Any]:
+    """The group's consumers, owner records, outputs and heartbeats; never its events."""
+    stream = events_stream(group)
+    control = f"{CONTROL_PREFIX}.{group}.>"
+    publish = [
+        *read_config_subjects(group),
+        *(f"$JS.API.CONSUMER.{verb}.{stream}.*" for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET")),
+        f"$JS.ACK.{stream}.>",
+        f"$JS.API.STREAM.INFO.KV_{OWNERS_BUCKET}",
+        f"$KV.{OWNERS_BUCKET}.{group}.*",
+        f"{SYSTEM_PREFIX}.{group}.{OutputKind.VALIDATION.value}",
+        f"{SYSTEM_PREFIX}.{group}.{OutputKind.DEAD.value}",
+        control,
+    ]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [INBOX, control]}}
+
+
+def authorization_block(
+    group: str,
+    hash_prefix: str,
+    admin_user: str = ADMIN_USER,
+    publisher_user: str = PUBLISHER_USER,
+    client_user: str = CLIENT_USER,
+) -> str:
+    """A nats-server `authorization { users = [...] }` block; passwords as $VARIABLES."""
+    users = [
+        (admin_user, "LBG_NATS_ADMIN_PASSWORD", None),
+        (publisher_user, "LBG_NATS_PUBLISHER_PASSWORD", publisher_permissions(group, hash_prefix)),
+        (client_user, "LBG_NATS_CLIENT_PASSWORD", client_permissions(group)),
+    ]
+    lines = [
+        f"# lbg group '{group}' (hash prefix '{hash_prefix}'): users with least privilege.",
+        "authorization {",
+        "  users = [",
+    ]
+    for user, variable, permissions in users:
+        entry = f"    {{user: {json.dumps(user)}, password: ${variable}"
+        if permissions is not None:
+            rendered = json.dumps(permissions, indent=2).replace("\n", "\n    ")
+            entry += f", permissions: {rendered}"
+        lines.append(entry + "}")
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the block for one group (the group's CU names the client user)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lbg.broker.nats.permissions", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--hash-prefix", required=True)
+    parser.add_argument("--admin-user", default=ADMIN_USER)
+    parser.add_argument("--publisher-user", default=PUBLISHER_USER)
+    parser.add_argument("--client-user", default=CLIENT_USER, help="the group's CU")
+    args = parser.parse_args(argv)
+    sys.stdout.write(
+        authorization_block(
+            args.group, args.hash_prefix, args.admin_user, args.publisher_user, args.client_user
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""RabbitMQ over amqps:// with a throwaway CA: cg-admin and the broker interface work over TLS
+when they trust the CA, and fail with one clear line when they do not."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.tls import Pki, make_pki
+
+from lbg.broker import connect_broker
+from lbg.broker.base import BrokerError
+from lbg.destinations import OutputKind, output_destination
+from lbg.embedded import free_port
+from lbg.local import script
+from lbg.local_rabbitmq import PASSWORD, USER, LocalRabbitMQ
+from lbg.settings import BrokerSettings
+
+pytestmark = pytest.mark.skipif(
+    "rabbitmq" not in os.environ.get("LBG_TEST_BROKERS", "nats,rabbitmq"),
+    reason="RabbitMQ is not among LBG_TEST_BROKERS",
+)
+
+
+class TlsRabbitMQ(LocalRabbitMQ):
+    """The private node with an extra TLS listener using the test CA's server certificate."""
+
+    def __init__(self, data_dir: Path, pki: Pki) -> None:
+        super().__init__(data_dir)
+        self.pki = pki
+        self.tls_port = free_port()
+
+    @property
+    def tls_url(self) -> str:
+        return f"amqps://{USER}:{PASSWORD}@127.0.0.1:{self.tls_port}/%2F"
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        with (self.data_dir / "rabbitmq.conf").open("a", encoding="utf-8") as conf:
+            conf.write(
+                f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+                f"ssl_options.cacertfile = {self.pki.ca}\n"
+                f"ssl_options.certfile = {self.pki.server_cert}\n"
+                f"ssl_options.keyfile = {self.pki.server_key}\n"
+                "ssl_options.verify = verify_none\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
+
+
+@pytest.fixture(scope="module")
+def tls_rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRabbitMQ]:
+    base = tmp_path_factory.mktemp("tls-rabbitmq")
+    node = TlsRabbitMQ(base / "node", make_pki(base / "pki"))
+    node.start()
+    yield node
+    node.stop()
+
+
+def cg_admin(node: TlsRabbitMQ, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [script("cg-admin"), "--config", str(config), "--admin-url", node.admin_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def broker_config(tmp_path: Path, node: TlsRabbitMQ, ca: bool) -> Path:
+    path = tmp_path / f"admin-{int(ca)}.toml"
+    lines = ["[broker]", f'url = "{node.tls_url}"', "connect_timeout = 3.0"]
+    if ca:
+        lines.append(f'tls_ca_file = "{node.pki.ca}"')
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+async def round_trip(settings: BrokerSettings, group: str) -> int:
+    """Publish one output record over TLS and read it back; how many came back."""
+    broker = await connect_broker(settings, "tls-probe")
+    try:
+        await broker.read_group(group)
+        await broker.publish(output_destination(group, OutputKind.VALIDATION), b"{}")
+        async for _message in broker.read_output(group):
+            return 1
+    finally:
+        await broker.close()
+    return 0
+
+
+def test_cg_admin_and_the_broker_work_over_amqps(tls_rabbitmq: TlsRabbitMQ, tmp_path: Path) -> None:
+    group = f"t{uuid.uuid4().hex[:8]}"
+    config = broker_config(tmp_path, tls_rabbitmq, ca=True)
+    created = cg_admin(tls_rabbitmq, config, "create", "--group", group, "--hash-prefix", group)
+    assert created.returncode == 0, created.stderr
+    try:
+        settings = BrokerSettings(url=tls_rabbitmq.tls_url, tls_ca_file=str(tls_rabbitmq.pki.ca))
+        assert asyncio.run(asyncio.wait_for(round_trip(settings, group), 30)) == 1
+    finally:
+        assert cg_admin(tls_rabbitmq, config, "delete", group).returncode == 0
+
+
+def test_amqps_without_the_ca_fails_with_one_line(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path
+) -> None:
+    result = cg_admin(tls_rabbitmq, broker_config(tmp_path, tls_rabbitmq, ca=False), "list")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in result.stderr
+    assert f"amqps://{USER}@127.0.0.1:{tls_rabbitmq.tls_port}" in result.stderr
+
+
+def test_the_connection_error_names_the_url_without_its_password() -> None:
+    secret = uuid.uuid4().hex
+    settings = BrokerSettings(
+        url=f"amqps://lbg:{secret}@127.0.0.1:{free_port()}/", connect_timeout=1
+    )
+    with pytest.raises(BrokerError) as caught:
+        asyncio.run(connect_broker(settings, "x"))
+    assert secret not in str(caught.value)
+    assert "cannot connect to amqps://lbg@127.0.0.1:" in str(caught.value)
