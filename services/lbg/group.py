@@ -12,12 +12,16 @@ import orjson
 from lbg.hashing import HASH_FUNCTIONS, bucket_for
 
 MAX_HASH_COUNT = 100_000
-MAX_QUEUE_SIZE_MB = 2**63 - 1
+# The whole group's spool (QS x QC MB) in bytes must fit a signed 64-bit integer, as brokers
+# take it (NATS stream max_bytes, RabbitMQ x-max-length-bytes).
+MAX_QUEUE_SIZE_MB = (2**63 - 1) // 2**20
 MAX_JSON_LENGTH = 200
+MAX_REPLICAS = 5
 
 _GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _HASH_PREFIX = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}")
 _CLIENT_USERNAME = re.compile(r"[A-Za-z0-9_.@-]{1,32}")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_]{1,20}")
 
 _FIELDS = {
     "HP": "hash prefix",
@@ -27,6 +31,7 @@ _FIELDS = {
     "CU": "client username",
     "HF": "hash function",
     "EX": "exclusive",
+    "RF": "replicas",
 }
 _REQUIRED = ("HP", "HC", "QC")
 _DROPPED = frozenset({"CP"})
@@ -34,6 +39,12 @@ _DROPPED = frozenset({"CP"})
 
 class GroupConfigError(ValueError):
     """An invalid group configuration; the message always names the offending field."""
+
+
+def _show(value: object) -> str:
+    """A value for an error message: its repr, cut to one short line (stored JSON is untrusted)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _field(code: str) -> str:
@@ -46,7 +57,7 @@ def validate_group_name(name: str) -> str:
     if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
         raise GroupConfigError(
             f"group name: must be 1-64 characters of [A-Za-z0-9_-] not starting with '-' or '_',"
-            f" got {name!r}"
+            f" got {_show(name)}"
         )
     return name
 
@@ -54,7 +65,7 @@ def validate_group_name(name: str) -> str:
 def _check_int(code: str, value: object, minimum: int) -> None:
     """Require ``value`` to be an int (not a bool) no smaller than ``minimum``."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise GroupConfigError(f"{_field(code)}: must be an integer, got {value!r}")
+        raise GroupConfigError(f"{_field(code)}: must be an integer, got {_show(value)}")
     if value < minimum:
         raise GroupConfigError(f"{_field(code)}: must be >= {minimum}, got {value}")
 
@@ -62,7 +73,7 @@ def _check_int(code: str, value: object, minimum: int) -> None:
 def _check_text(code: str, value: object, pattern: re.Pattern[str], rule: str) -> None:
     """Require ``value`` to be a string matching ``pattern`` in full."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise GroupConfigError(f"{_field(code)}: must be {rule}, got {value!r}")
+        raise GroupConfigError(f"{_field(code)}: must be {rule}, got {_show(value)}")
 
 
 def _exclusive_from_json(value: object) -> bool:
@@ -71,7 +82,7 @@ def _exclusive_from_json(value: object) -> bool:
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    raise GroupConfigError(f"{_field('EX')}: must be 0 or 1, got {value!r}")
+    raise GroupConfigError(f"{_field('EX')}: must be 0 or 1, got {_show(value)}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class GroupConfig:
     client_username: str = "lbg-client"
     hash_function: str = "java"
     exclusive: bool = True
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         """Reject any field outside its documented range, naming the field."""
@@ -108,9 +120,11 @@ class GroupConfig:
                 f"{_field('HC')}: must be <= {MAX_HASH_COUNT}, got {self.hash_count}"
             )
         _check_int("QS", self.queue_size_mb, 1)
-        if self.queue_size_mb > MAX_QUEUE_SIZE_MB:
+        if self.queue_size_mb > MAX_QUEUE_SIZE_MB // self.queue_count:
             raise GroupConfigError(
-                f"{_field('QS')}: must be <= {MAX_QUEUE_SIZE_MB}, got {self.queue_size_mb}"
+                f"{_field('QS')}: must be <= {MAX_QUEUE_SIZE_MB // self.queue_count} with QC"
+                f" {self.queue_count} (the group's spool in bytes must fit 64 bits),"
+                f" got {self.queue_size_mb}"
             )
         _check_text(
             "CU", self.client_username, _CLIENT_USERNAME, "1-32 characters of [A-Za-z0-9_.@-]"
@@ -118,16 +132,24 @@ class GroupConfig:
         if not isinstance(self.hash_function, str) or self.hash_function not in HASH_FUNCTIONS:
             choices = ", ".join(HASH_FUNCTIONS)
             raise GroupConfigError(
-                f"{_field('HF')}: must be one of {choices}, got {self.hash_function!r}"
+                f"{_field('HF')}: must be one of {choices}, got {_show(self.hash_function)}"
             )
         if not isinstance(self.exclusive, bool):
-            raise GroupConfigError(f"{_field('EX')}: must be a boolean, got {self.exclusive!r}")
+            raise GroupConfigError(
+                f"{_field('EX')}: must be a boolean, got {_show(self.exclusive)}"
+            )
+        _check_int("RF", self.replicas, 1)
+        if self.replicas > MAX_REPLICAS:
+            raise GroupConfigError(
+                f"{_field('RF')}: must be <= {MAX_REPLICAS}, got {self.replicas}"
+            )
 
     def to_json(self) -> str:
-        """The compact JSON stored in JNDI (HP, HC, QC, QS, CU, HF, then EX only when off).
+        """The compact JSON stored in JNDI (HP, HC, QC, QS, CU, HF; EX only when off, RF only
+        when replicated).
 
         It never holds a password, and must fit the 200-character Solace JNDI physical name; with
-        today's field limits it is at most 162 characters, so the check guards future fields.
+        today's field limits it is at most 158 characters, so the check guards future fields.
         """
         document: dict[str, Any] = {
             "HP": self.hash_prefix,
@@ -139,6 +161,8 @@ class GroupConfig:
         }
         if not self.exclusive:
             document["EX"] = 0
+        if self.replicas != 1:
+            document["RF"] = self.replicas
         text = orjson.dumps(document).decode()
         if len(text) > MAX_JSON_LENGTH:
             raise GroupConfigError(
@@ -161,7 +185,8 @@ class GroupConfig:
         for key in document:
             if key not in _FIELDS and key not in _DROPPED:
                 known = ", ".join([*_FIELDS, *sorted(_DROPPED)])
-                raise GroupConfigError(f"{key}: unknown key (known keys: {known})")
+                shown = key if _PLAIN_KEY.fullmatch(key) else _show(key)
+                raise GroupConfigError(f"{shown}: unknown key (known keys: {known})")
         for code in _REQUIRED:
             if code not in document:
                 raise GroupConfigError(f"{_field(code)}: missing")
@@ -174,6 +199,8 @@ class GroupConfig:
             optional["hash_function"] = document["HF"]
         if "EX" in document:
             optional["exclusive"] = _exclusive_from_json(document["EX"])
+        if "RF" in document:
+            optional["replicas"] = document["RF"]
         return cls(
             hash_prefix=document["HP"],
             hash_count=document["HC"],

@@ -14,6 +14,7 @@ import orjson
 MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_KEY_BYTES = 200
 SUMMARY_CHUNK_BYTES = 256 * 1024
+SHOWN_CHARS = 60
 
 
 class MalformedMessage(ValueError):
@@ -67,6 +68,12 @@ def check_key(key: object) -> str:
     if size > MAX_KEY_BYTES:
         raise MalformedMessage(f"key of {size} bytes exceeds {MAX_KEY_BYTES} (UTF-8)")
     return key
+
+
+def _show(value: object) -> str:
+    """A value's repr cut to one short line: a dead-letter reason must stay small."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def _check_seq(seq: object) -> int:
@@ -137,7 +144,7 @@ def decode_processed(body: bytes) -> Processed:
             published_at=_check_ts(obj),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise MalformedMessage(f"bad processed record: {exc!r}") from None
+        raise MalformedMessage(f"bad processed record: {_show(exc)}") from None
 
 
 def _check_ts(obj: Mapping[str, Any]) -> float | None:
@@ -151,7 +158,7 @@ def _check_ts(obj: Mapping[str, Any]) -> float | None:
         or ts != ts
         or abs(ts) == float("inf")
     ):
-        raise MalformedMessage(f"t must be a number of seconds, got {ts!r}")
+        raise MalformedMessage(f"t must be a number of seconds, got {_show(ts)}")
     return float(ts)
 
 
@@ -185,4 +192,4 @@ def decode_summary(body: bytes) -> Summary:
         last = {check_key(k): _check_seq(v) for k, v in obj["l"].items()}
         return Summary(publisher=str(obj["p"]), last=last, part=int(obj["i"]), parts=int(obj["n"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise MalformedMessage(f"bad summary: {exc!r}") from None
+        raise MalformedMessage(f"bad summary: {_show(exc)}") from None

@@ -24,9 +24,22 @@ T = TypeVar("T")
 
 PASSWORD_ENV = "LBG_BROKER_PASSWORD"
 ADMIN_PASSWORD_ENV = "LBG_ADMIN_PASSWORD"
-URL_SCHEMES = ("nats", "tls", "amqp", "amqps", "tcp", "tcps", "http", "https")
+URL_SCHEMES = (
+    "nats",
+    "tls",
+    "amqp",
+    "amqps",
+    "tcp",
+    "tcps",
+    "http",
+    "https",
+    "postgresql",
+    "postgres",
+)
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
+_TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+_USERINFO_PASSWORD = re.compile(r"([a-z]+://[^/@:,]*:)[^/@,]*@", re.I)
 _HANDLER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 _TOML_POSITION = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.S)
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le)}
@@ -101,14 +114,19 @@ class BrokerSettings:
     password_file: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
     connect_timeout: float = _bounded(5.0, gt=0)
+    connect_retry_for: float = _bounded(60.0, ge=0)
     admin_url: str | None = None
     admin_user: str | None = None
     admin_password: str | None = dataclasses.field(default=None, repr=False)
     admin_password_file: str | None = None
     vpn: str = "default"
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
-        """Reject URLs whose scheme no supported broker speaks, or that name no host."""
+        """Reject URLs whose scheme no supported broker speaks, that name no host, and TLS
+        files that do not exist (so a typo fails at start-up, naming the key)."""
         scheme, _, rest = self.url.partition("://")
         if scheme.lower() not in URL_SCHEMES or not rest or rest.startswith("/"):
             schemes = ", ".join(URL_SCHEMES)
@@ -119,6 +137,21 @@ class BrokerSettings:
             raise ValueError(
                 f"admin_url: expected http(s)://<host>[:port]; got {_show(self.admin_url)}"
             )
+        for key in _TLS_KEYS:
+            path = getattr(self, key)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{key}: no such file {_show(path)}")
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_key_file: needs tls_cert_file (the client certificate) too")
+        plain = {"amqp": "amqps", "tcp": "tcps"}.get(scheme.lower())
+        tls_key = next((k for k in _TLS_KEYS if getattr(self, k) is not None), None)
+        if plain and tls_key:
+            raise ValueError(f"{tls_key}: a {scheme}:// URL never uses TLS; use {plain}://")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL with any password in it masked, for log lines and error messages."""
+        return _USERINFO_PASSWORD.sub(r"\1***@", self.url)
 
     def secret(self) -> str | None:
         """The password: `password`, else `password_file`'s content, else $LBG_BROKER_PASSWORD."""
@@ -150,6 +183,7 @@ class GroupSettings:
     hash_function: str = "java"
     exclusive: bool = True
     priority_timeout: float = _bounded(2.0, gt=0)
+    replicas: int = _bounded(1, ge=1, le=5)
 
     def validate(self) -> None:
         """Names must be usable in subjects; every queue needs at least one bucket."""

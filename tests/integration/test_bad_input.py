@@ -19,7 +19,7 @@ from lbg.embedded import free_port
 from lbg.group import GroupConfig
 from lbg.local import LocalDeployment, script
 from lbg.local_brokers import BrokerEndpoint
-from lbg.messages import decode_event
+from lbg.messages import MAX_MESSAGE_BYTES, decode_event
 from lbg.settings import BrokerSettings
 
 DAEMONS = ["cg-admin", "hashed-publisher", "lbg-client", "validation-client"]
@@ -222,52 +222,163 @@ def assert_clean_log(deployment: LocalDeployment, name: str) -> None:
     assert "Traceback" not in daemon.log_path.read_text(), daemon.log_tail(60)
 
 
-# --- (b) malformed events are dead-lettered and nothing else stops -----------------------------
+# --- impossible group parameters at `cg-admin create` -------------------------------------------
 
-MALFORMED = {
-    b"not json": "not valid JSON",
-    b"[1,2]": "expected a JSON object",
-    b'{"k":"x"}': "missing field 's'",
-    b'{"k":"x","s":0}': "seq must be >= 1",
-    b"\xff\xfe\xc3(": "not valid JSON",
+# (flags, [group] lines of a config file, what the one error line must hold). test_admin.py
+# covers HC < QC, QC = 0, HC = 0 and bad hash prefixes.
+IMPOSSIBLE_GROUPS = {
+    "HC-above-limit": (["--hash-count", "100001"], "", ["HC (hash count)", "100001"]),
+    "QS-negative": (["--queue-size", "-1"], "", ["queue_size_mb", "-1"]),
+    "QS-zero-in-file": ([], "queue_size_mb = 0", ["[group] queue_size_mb", "got 0"]),
+    "QSxQC-beyond-64-bit-bytes": (
+        ["--queue-size", str(2**43)],
+        "",
+        ["QS (queue size MB)", str(2**43), "64 bits"],
+    ),
+    "HF-unknown-in-file": ([], 'hash_function = "crc32"', ["HF (hash function)", "'crc32'"]),
+    "HF-unknown-flag": (["--hash-function", "crc32"], "", ["HF (hash function)", "'crc32'"]),
+    "RF-above-limit": (["--replicas", "6"], "", ["replicas", "6"]),
+    "HF-unknown-in-json": (
+        ["--from-json", '{"HP":"PREFIX","HC":8,"QC":2,"HF":"crc32"}'],
+        "",
+        ["HF (hash function)", "'crc32'"],
+    ),
+    "QC-above-HC-in-file": ([], "hash_count = 2\nqueue_count = 3", ["queue_count", "3"]),
+    "CU-with-a-space": (["--client-username", "a b"], "", ["CU (client username)", "'a b'"]),
+    "name-with-a-space": (["--group", "a b"], "", ["name", '"a b"']),
+    "name-with-a-dot": (["--group", "a.b"], "", ["name", '"a.b"']),
+    "name-leading-dash": (["--group", "-a"], "", ["group name", "'-a'"]),
+    "name-too-long": (["--group", "n" * 65], "", ["group name", "n" * 40]),
 }
 
 
-def test_malformed_events_are_dead_lettered_with_a_reason(
-    make_group, deployment: LocalDeployment, validate, broker: BrokerEndpoint, group_name: str
+@pytest.mark.parametrize("case", IMPOSSIBLE_GROUPS)
+def test_impossible_group_is_one_line_naming_parameter_and_value_and_creates_nothing(
+    case: str, broker: BrokerEndpoint, group_name: str, tmp_path: Path
 ) -> None:
+    flags, lines, expected = IMPOSSIBLE_GROUPS[case]
+    prefix = f"hp{group_name}"
+    config = tmp_path / "cg-admin.toml"
+    config.write_text(f"[group]\n{lines}\n")
+    admin = ["cg-admin", "--broker-url", broker.url, *broker.admin_args()]
+    flags = [flag.replace("PREFIX", prefix) for flag in flags]
+
+    result = run(
+        *admin,
+        "--config",
+        str(config),
+        "create",
+        "--group",
+        group_name,
+        "--hash-prefix",
+        prefix,
+        *flags,
+    )
+
+    assert result.returncode != 0
+    line = one_error_line(result)
+    assert all(part in line for part in expected), line
+    listing = run(*admin, "list", "--json")
+    assert listing.returncode == 0, listing.stderr
+    groups = orjson.loads(listing.stdout)
+    assert group_name not in groups
+    assert all(config["HP"] != prefix for config in groups.values()), groups
+
+
+# --- (b) malformed events are dead-lettered and nothing else stops -----------------------------
+
+
+def _event(**fields: object) -> bytes:
+    return orjson.dumps(fields)
+
+
+# Every kind of malformed body, and the reason its dead letter must carry.
+MALFORMED = {
+    b"not json": "not valid JSON",
+    b"": "not valid JSON",
+    b'{"k":"x","s":1': "not valid JSON",
+    b"[1,2]": "expected a JSON object",
+    b"null": "expected a JSON object",
+    b'{"k":"x"}': "missing field 's'",
+    b'{"s":1}': "missing field 'k'",
+    b'{"k":"x","s":0}': "seq must be >= 1",
+    _event(k="x", s=-3): "seq must be >= 1",
+    _event(k="x", s="1"): "seq must be an integer, got str",
+    _event(k="x", s=1.5): "seq must be an integer, got float",
+    _event(k="x", s=True): "seq must be an integer, got bool",
+    _event(k="x", s=[1]): "seq must be an integer, got list",
+    b'{"k":"x","s":99999999999999999999999}': "seq must be an integer, got float",
+    _event(k=7, s=1): "key must be a string, got int",
+    _event(k=None, s=1): "key must be a string, got NoneType",
+    _event(k={"a": 1}, s=1): "key must be a string, got dict",
+    _event(k="", s=1): "key must not be empty",
+    _event(k="k" * 201, s=1): "key of 201 bytes exceeds 200",
+    _event(k="x", s=1, t="yesterday"): "t must be a number",
+    b"\xff\xfe\xc3(": "not valid JSON",
+    b'{"k":"\xed\xa0\x80","s":1}': "not valid JSON",
+    b'{"k":"x","s":1,"d":"\xc0\x80"}': "not valid JSON",
+    b'{"k":"\\ud800","s":1}': "not valid JSON",
+    b'{"k":"x","s":1,"d":' + b"[" * 2000 + b"]" * 2000 + b"}": "not valid JSON",
+    b"\xef\xbb\xbf" + _event(k="x", s=1): "not valid JSON",
+    b'{"k":"x","s":NaN}': "not valid JSON",
+}
+# NATS refuses payloads above 1 MiB (its max_payload) at publish time; RabbitMQ takes them.
+OVERSIZED = {b'{"k":"x","s":1,"d":"' + b"x" * MAX_MESSAGE_BYTES + b'"}': "bytes exceeds"}
+GOOD_KEYS = [f"key-{i}" for i in range(8)]
+ROUNDS = 40
+
+
+def test_malformed_events_are_dead_lettered_with_a_reason(
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    broker: BrokerEndpoint,
+    group_name: str,
+    tmp_path: Path,
+) -> None:
+    """Bad bodies on the same subjects as good events, before, during and after them."""
+    malformed = MALFORMED | (OVERSIZED if broker.kind == "rabbitmq" else {})
     make_group()
     config = group_config(broker, group_name)
     deployment.start_client("client-a", 0, 1, 600)
     raw = []
-    for i, body in enumerate(MALFORMED):
-        key = f"bad-{i}"
+    for i, body in enumerate(malformed):
+        key = GOOD_KEYS[i % len(GOOD_KEYS)]
         raw.append((event_destination(config.hash_prefix, config.bucket_for_key(key), key), body))
-    asyncio.run(_publish_raw(broker.url, group_name, raw))
-    publisher = deployment.start_publisher("pub", "--keys", "10", "--count", "200")
+    thirds = [raw[0::3], raw[1::3], raw[2::3]]
+    events = tmp_path / "events.jsonl"
+    lines = (orjson.dumps({"key": k, "data": r}).decode() for r in range(ROUNDS) for k in GOOD_KEYS)
+    events.write_text("\n".join(lines) + "\n")
+    good = ROUNDS * len(GOOD_KEYS)
+
+    asyncio.run(_publish_raw(broker.url, group_name, thirds[0]))
+    publisher = deployment.start_publisher("pub", "--input", str(events), "--rate", "200")
+    time.sleep(1.0)
+    asyncio.run(_publish_raw(broker.url, group_name, thirds[1]))
     assert publisher.wait(30) == 0, publisher.log_tail()
+    asyncio.run(_publish_raw(broker.url, group_name, thirds[2]))
 
     report = validate()
 
-    assert report["published"] == 200
-    assert report["unique"] == 200, "the client stopped processing after a malformed message"
+    assert report["published"] == good
+    assert report["unique"] == good, "the client stopped processing after a malformed message"
     assert report["lost"] == 0
     assert report["reordered"] == 0
     assert report["duplicates"] == 0
-    assert report["per_client"] == {"client-a": 200}
-    letters = dead_letters(broker.url, group_name, len(MALFORMED))
+    assert report["per_client"] == {"client-a": good}
+    letters = dead_letters(broker.url, group_name, len(malformed))
     by_body = {body: headers for body, headers in letters}
-    assert len(letters) == len(MALFORMED), [body for body, _ in letters]
-    for body, reason in MALFORMED.items():
-        assert body in by_body, f"{body!r} was not dead-lettered"
+    assert len(letters) == len(malformed), [body[:40] for body, _ in letters]
+    for body, reason in malformed.items():
+        assert body in by_body, f"{body[:60]!r} was not dead-lettered"
         headers = by_body[body]
-        assert reason in headers.get("Lbg-Reason", ""), headers
+        assert reason in headers.get("Lbg-Reason", ""), (body[:60], headers)
         assert headers.get("Lbg-Client") == "client-a"
         assert headers.get("Lbg-Subject", "").startswith(f"{config.hash_prefix}.")
     assert_clean_log(deployment, "client-a")
     assert_nothing_left_unacked(broker, group_name)
     validator_log = deployment.daemons["validator"].log_path.read_text()
-    assert validator_log.count("dead letter (unparseable)") == len(MALFORMED)
+    assert validator_log.count("dead letter (unparseable)") == len(malformed)
 
 
 # --- (c) a handler that always fails for one key -----------------------------------------------

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.group import GroupConfig, GroupConfigError, validate_group_name
+from lbg.group import (
+    MAX_QUEUE_SIZE_MB,
+    MAX_REPLICAS,
+    GroupConfig,
+    GroupConfigError,
+    validate_group_name,
+)
 from lbg.hashing import bucket_for
 
 ORIGINAL = '{"HP":"hash1","HC":100,"QC":12,"QS":100,"CU":"lg_cu1","CP":"pw12345"}'
@@ -49,8 +55,23 @@ def test_to_json_writes_ex_only_when_not_exclusive() -> None:
 
 
 def test_longest_valid_config_fits_the_jndi_physical_name_limit() -> None:
-    config = GroupConfig("h" * 40, 100_000, 100_000, 2**63 - 1, "u" * 32, "messagedb", False)
-    assert len(config.to_json()) == 162
+    config = GroupConfig(
+        "h" * 40, 100_000, 1, MAX_QUEUE_SIZE_MB, "u" * 32, "messagedb", False, MAX_REPLICAS
+    )
+    assert len(config.to_json()) == 158
+
+
+def test_to_json_writes_rf_only_when_replicated() -> None:
+    assert '"RF"' not in GroupConfig("h", 4, 2).to_json()
+    config = GroupConfig("h", 4, 2, replicas=3)
+    assert config.to_json().endswith(',"RF":3}')
+    assert GroupConfig.from_json(config.to_json()).replicas == 3
+
+
+@pytest.mark.parametrize("replicas", [0, MAX_REPLICAS + 1, "3", True])
+def test_replicas_outside_one_to_five_are_refused_naming_rf(replicas: object) -> None:
+    with pytest.raises(GroupConfigError, match=r"^RF \(replicas\): "):
+        GroupConfig("h", 4, 2, replicas=replicas)  # type: ignore[arg-type]
 
 
 def test_to_json_refuses_json_longer_than_the_jndi_physical_name_limit() -> None:
@@ -76,7 +97,7 @@ def test_to_json_refuses_json_longer_than_the_jndi_physical_name_limit() -> None
         ({"hash_count": True}, r"^HC \(hash count\): must be an integer, got True"),
         ({"queue_count": 0}, r"^QC \(queue count\): must be >= 1, got 0"),
         ({"queue_size_mb": 0}, r"^QS \(queue size MB\): must be >= 1"),
-        ({"queue_size_mb": 2**63}, r"^QS \(queue size MB\): must be <= 9223372036854775807"),
+        ({"queue_size_mb": 2**43}, r"^QS \(queue size MB\): must be <= 2199023255551 with QC 4"),
         ({"client_username": ""}, r"^CU \(client username\)"),
         ({"client_username": "a b"}, r"^CU \(client username\)"),
         ({"client_username": "u" * 33}, r"^CU \(client username\)"),

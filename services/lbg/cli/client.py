@@ -6,7 +6,6 @@ import asyncio
 
 import click
 
-from lbg.broker import connect_broker
 from lbg.cli.common import (
     broker_option,
     config_option,
@@ -23,6 +22,7 @@ from lbg.cli.common import (
 from lbg.client import DynamicRole, LbgClient, StaticRole
 from lbg.handlers import load_handler
 from lbg.metrics import serve as serve_metrics
+from lbg.retry import join_group
 from lbg.settings import ClientConfig
 
 
@@ -102,9 +102,11 @@ def main(
         user_handler, hooks = load_handler(c.handler)
 
     async def serve(stop: asyncio.Event) -> int:
-        broker = await connect_broker(settings.broker, name)
+        joined = await join_group(settings.broker, settings.group.name, name, stop)
+        if joined is None:
+            return 0
+        broker, config = joined
         try:
-            config = await broker.read_group(settings.group.name)
             client = LbgClient(
                 broker,
                 settings.group.name,

@@ -9,7 +9,6 @@ import sys
 import click
 import orjson
 
-from lbg.broker import connect_broker
 from lbg.cli.common import (
     broker_option,
     config_option,
@@ -24,6 +23,7 @@ from lbg.cli.common import (
 )
 from lbg.metrics import serve as serve_metrics
 from lbg.publisher import HashedPublisher, cycle_keys, generated_keys, read_file, read_lines
+from lbg.retry import join_group
 from lbg.settings import PublisherConfig
 
 log = logging.getLogger("lbg.publisher")
@@ -92,9 +92,11 @@ def main(
     name = p.id or default_id("pub")
 
     async def publish(stop: asyncio.Event) -> int:
-        broker = await connect_broker(settings.broker, name)
+        joined = await join_group(settings.broker, settings.group.name, name, stop)
+        if joined is None:
+            return 0
+        broker, config = joined
         try:
-            config = await broker.read_group(settings.group.name)
             publisher = HashedPublisher(
                 broker, settings.group.name, config, name, window=p.window, rate=p.rate
             )

@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 import orjson
 
-from lbg.broker import connect_broker
 from lbg.cli.common import (
     broker_option,
     config_option,
@@ -25,6 +24,7 @@ from lbg.cli.common import (
 )
 from lbg.liveview import LiveView, serve_live_view
 from lbg.metrics import serve as serve_metrics
+from lbg.retry import join_group
 from lbg.settings import ValidatorConfig
 from lbg.validator import Validator, run_validator
 
@@ -87,10 +87,14 @@ def main(
     v = settings.validator
 
     async def validate(stop: asyncio.Event) -> int:
-        broker = await connect_broker(settings.broker, default_id("validator"))
+        joined = await join_group(
+            settings.broker, settings.group.name, default_id("validator"), stop
+        )
+        if joined is None:
+            return 0
+        broker, _config = joined
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(broker.close)
-            await broker.read_group(settings.group.name)
             view = LiveView(settings.group.name)
             validator = Validator(on_queue_change=view.queue_changed)
             if v.web_port:
