@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-solace test-slow lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay peak bench-replay
+.PHONY: demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay peak bench-replay
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,15 +32,28 @@ JAVA := /usr/bin/java
 $(JAVA):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless
 
-test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA)  ## lint, then every test that the default run includes
+# PostgreSQL and npm for the Message DB tests: Debian's packages; the tests start a private
+# cluster, never the service, and install Message DB into it from npm (@eventide/message-db).
+POSTGRES_INITDB := /usr/lib/postgresql/15/bin/initdb
+$(POSTGRES_INITDB):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql npm
+
+test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
 	$(BIN)/python -m pytest $(ARGS)
 
-test-solace: $(STAMP)  ## the live Solace tests: needs LBG_TEST_SOLACE_* (see README)
-	$(BIN)/python -m pytest -m solace tests/integration/test_solace_live.py $(ARGS)
+test-solace: $(STAMP)  ## the behaviour suite on a real Solace broker: needs LBG_TEST_SOLACE_* (README)
+	LBG_TEST_BROKERS=solace $(BIN)/python -m pytest -m "solace or not slow" tests/integration $(ARGS)
+
+test-messagedb: $(STAMP) $(POSTGRES_INITDB)  ## the behaviour suite on Message DB (about 6 minutes)
+	LBG_TEST_BROKERS=messagedb $(BIN)/python -m pytest tests/integration $(ARGS)
 
 test-slow: $(STAMP)  ## long soak and scale tests only
 	$(BIN)/python -m pytest -m slow $(ARGS)
+
+SOAK_SECONDS ?= 600
+soak: $(STAMP) $(RABBITMQ_SERVER)  ## chaos soak (10 min): make soak SOAK_SECONDS=3600 ARGS="--broker rabbitmq"
+	$(BIN)/lbg soak --duration $(SOAK_SECONDS) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests bench

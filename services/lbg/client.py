@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2
 STANDBY_DELAY = 0.5
 REASON_CHARS = 500
+LEASE_LAPSED = "a delivery came while this member's lease had lapsed"
+EARLIER_EVENT_FAILED = "an earlier event of the same key did not complete"
 
 
 @dataclass(frozen=True)
@@ -204,9 +206,11 @@ class LbgClient:
         self._coordinator = coordinator
         await coordinator.join()
         heartbeats = asyncio.Event()
-        beating = asyncio.create_task(coordinator.run(heartbeats))
-        watchdog = asyncio.create_task(self._watch_for_stalls(coordinator, role))
-        await stop.wait()
+        beating = asyncio.create_task(coordinator.run(heartbeats), name="heartbeat")
+        watchdog = asyncio.create_task(
+            self._watch_for_stalls(coordinator, role), name="stall-watchdog"
+        )
+        await _until_stopped_or_failed(stop, beating, watchdog)
         log.info("client %s leaving: handing its queues over", self.client_id)
         await coordinator.leave()
         deadline = time.monotonic() + role.leave_timeout
@@ -260,7 +264,7 @@ class LbgClient:
             except TimeoutError:
                 continue
             if not self._may_process(binding, delivery):
-                self.stats.fenced += 1
+                self._give_back(binding, delivery, LEASE_LAPSED)
                 continue
             await self._announce(binding, lanes, active=True)
             try:
@@ -273,7 +277,7 @@ class LbgClient:
             await lanes.submit(
                 event.key,
                 partial(self._process, binding, delivery, event),
-                partial(self._skipped, binding, delivery),
+                partial(self._give_back, binding, delivery, EARLIER_EVENT_FAILED),
             )
         await lanes.drain()
         await self._announce(binding, lanes, active=False)
@@ -314,7 +318,7 @@ class LbgClient:
         )
         for attempt in range(1, self._retries + 2):
             if not self._may_process(binding, delivery):
-                self.stats.fenced += 1
+                self._give_back(binding, delivery, LEASE_LAPSED)
                 return False
             token = object()
             started = self._busy[token] = time.monotonic()
@@ -344,19 +348,22 @@ class LbgClient:
         return await self._complete(binding, delivery)
 
     async def _complete(self, binding: QueueBinding, delivery: Delivery) -> bool:
-        if self._may_process(binding, delivery) and await binding.ack(delivery):
+        if not self._may_process(binding, delivery):
+            self._give_back(binding, delivery, LEASE_LAPSED)
+            return False
+        if await binding.ack(delivery):
             self.stats.processed += 1
             return True
         self.stats.fenced += 1
         return False
 
-    def _skipped(self, binding: QueueBinding, delivery: Delivery) -> None:
-        """An earlier event of the key did not complete, so this one was not run: if it is
-        still ours, give the queue up so the broker redelivers both, in order (else it would
-        sit unacked while later events of the key went ahead)."""
+    def _give_back(self, binding: QueueBinding, delivery: Delivery, reason: str) -> None:
+        """A delivery that is not processed (or not acked) now: if the queue is still ours,
+        give it up, so the broker redelivers this delivery and the ones after it in order.
+        Else it would sit unacked while later events of its key went ahead (a reorder)."""
         self.stats.fenced += 1
         if binding.owns(delivery):
-            binding.fence("an earlier event of the same key did not complete")
+            binding.fence(reason)
 
     def _abandon(self, binding: QueueBinding) -> bool:
         """A message could not be completed: give the queue up so it comes back in order."""
@@ -388,3 +395,17 @@ class LbgClient:
         self.stats.dead_lettered += 1
         log.warning("queue %d: dead-lettered a message: %s", binding.queue, _header_value(reason))
         return True
+
+
+async def _until_stopped_or_failed(stop: asyncio.Event, *loops: asyncio.Task[None]) -> None:
+    """Wait for `stop`; if a loop the member depends on ends first, raise its error, so the
+    process exits and its connection (with every queue it holds) goes, rather than live on
+    holding queues it no longer serves."""
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopping, *loops}, return_when=asyncio.FIRST_COMPLETED)
+    if stopping in done:
+        return
+    await cancel_and_wait(stopping)
+    failed = done.pop()
+    reason = failed.exception() if not failed.cancelled() else "cancelled"
+    raise BrokerError(f"membership loop {failed.get_name()} ended: {reason!r}")

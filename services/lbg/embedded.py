@@ -54,6 +54,8 @@ class EmbeddedNats:
     """nats-server with JetStream file storage in `data_dir`, keeping its port across restarts.
 
     Port 0 lets the server pick a free port at the first start (no race with other processes).
+    `extra_args` go to nats-server as they are (e.g. `-c server.conf` for TLS and users);
+    `scheme` is the URL scheme clients must use: "tls" for a server that requires TLS.
     """
 
     def __init__(
@@ -62,10 +64,12 @@ class EmbeddedNats:
         port: int = 0,
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
+        scheme: str = "nats",
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.host = host
         self.extra_args = tuple(extra_args)
+        self.scheme = scheme
         self._port = port
         self._process: subprocess.Popen[bytes] | None = None
         self._log_start = 0
@@ -90,7 +94,7 @@ class EmbeddedNats:
         """Client URL, stable across restarts."""
         if not self._port:
             raise BrokerStartError("nats-server has no port yet: call start() first")
-        return f"nats://{self.host}:{self._port}"
+        return f"{self.scheme}://{self.host}:{self._port}"
 
     @property
     def pid(self) -> int | None:
@@ -138,6 +142,13 @@ class EmbeddedNats:
     def kill(self) -> None:
         """SIGKILL the server, as a crash would; JetStream recovers its store on the next start."""
         self._end(signal.SIGKILL, None)
+
+    def healthy(self) -> bool:
+        """Whether the running server reports itself healthy (in a cluster: JetStream current)."""
+        monitor = (
+            self._read_ports_file(self._process.pid) if self._process and self.running else None
+        )
+        return monitor is not None and _healthy(f"{monitor}/healthz")
 
     def restart(self, timeout: float = 10.0) -> str:
         """Stop, then start again on the same port and data directory; return the URL."""

@@ -40,7 +40,7 @@ class KeyLanes:
     async def _run(
         previous: asyncio.Task[bool] | None, work: Work, skipped: Skipped | None
     ) -> bool:
-        if previous is not None and not await previous:
+        if previous is not None and not await _completed(previous):
             if skipped is not None:
                 skipped()
             return False
@@ -61,3 +61,11 @@ class KeyLanes:
         """Wait until every submitted work has finished."""
         while self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+async def _completed(work: asyncio.Task[bool]) -> bool:
+    """Whether a work completed; one that raised did not (its key's later works must wait)."""
+    try:
+        return await work
+    except Exception:
+        return False

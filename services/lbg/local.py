@@ -60,12 +60,14 @@ class LocalDeployment:
     workdir: Path
     daemons: dict[str, Daemon] = field(default_factory=dict)
     admin_url: str | None = None
+    extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, program: str, *args: str) -> Daemon:
-        """Start `program` with the broker and group flags plus `args`; logs to `<name>.log`."""
+        """Start `program` with the broker and group flags, `extra_args` (e.g. a config file
+        for what the broker needs beyond its URL) and `args`; logs to `<name>.log`."""
         log_path = self.workdir / f"{name}.log"
         command = [
             script(program),
@@ -73,6 +75,7 @@ class LocalDeployment:
             self.broker_url,
             "--group",
             self.group,
+            *self.extra_args,
             *args,
         ]
         with log_path.open("ab") as log:

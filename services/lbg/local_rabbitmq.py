@@ -150,6 +150,11 @@ class LocalRabbitMQ:
             check=False,
         )
 
+    def restart(self) -> str:
+        """Stop the node and start it again on the same ports with its data; the AMQP URL."""
+        self.stop()
+        return self.start()
+
     def _run(self, *args: object, env: dict[str, str], timeout: float = 60.0) -> None:
         result = subprocess.run(
             [str(a) for a in args],

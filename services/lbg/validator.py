@@ -19,12 +19,13 @@ from lbg.broker.base import Broker, OutputMessage
 from lbg.destinations import OutputKind
 from lbg.messages import MalformedMessage, decode_event, decode_processed, decode_summary
 from lbg.metrics import Family, gauge
-from lbg.sequence import Outcome, Report, SequenceChecker
+from lbg.sequence import Observation, Outcome, Report, SequenceChecker
 
 log = logging.getLogger(__name__)
 shard_log = logging.getLogger(__name__ + ".shards")
 
 QueueChange = Callable[[int, str | None, str], None]
+ObservationHook = Callable[[Observation], None]
 
 
 @dataclass
@@ -43,7 +44,11 @@ class SummaryParts:
 class Validator:
     """Checks per-key order and completeness of everything the group processed."""
 
-    def __init__(self, on_queue_change: QueueChange | None = None) -> None:
+    def __init__(
+        self,
+        on_queue_change: QueueChange | None = None,
+        on_observation: ObservationHook | None = None,
+    ) -> None:
         self.checker = SequenceChecker()
         self.summaries: dict[str, SummaryParts] = {}
         self.dead: dict[str, set[int]] = {}
@@ -51,6 +56,7 @@ class Validator:
         self.malformed_records = 0
         self.last_message = time.monotonic()
         self._on_queue_change = on_queue_change
+        self._on_observation = on_observation
         self.key_lag: dict[str, float] = {}
 
     def handle(self, message: OutputMessage) -> None:
@@ -73,6 +79,8 @@ class Validator:
             self.key_lag[record.key] = max(0.0, message.at - record.published_at)
         owner = self.checker.queue_owner(record.queue)
         observation = self.checker.observe(record.key, record.seq, record.client, record.queue)
+        if self._on_observation is not None:
+            self._on_observation(observation)
         if owner != record.client:
             log.info(
                 "queue %d now served by client %s (was %s)", record.queue, record.client, owner

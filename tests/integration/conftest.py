@@ -1,25 +1,14 @@
 """Fixtures for end-to-end tests: a fresh group per test and its daemons as real processes."""
 
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import orjson
 import pytest
+from tests.support.processes import cli, run_validator
 
-from lbg.local import LocalDeployment, script
+from lbg.local import LocalDeployment
 from lbg.local_brokers import BrokerEndpoint
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run one of the project's commands to completion and capture its output."""
-    result = subprocess.run(
-        [script(args[0]), *args[1:]], capture_output=True, text=True, timeout=60
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"{args} failed ({result.returncode}): {result.stderr}")
-    return result
 
 
 @pytest.fixture
@@ -71,28 +60,14 @@ def deployment(
 ) -> Iterator[LocalDeployment]:
     """The test's daemons; whatever is still running is stopped at the end."""
     local = LocalDeployment(
-        broker.url, group_name, tmp_path / "daemons", admin_url=broker.admin_url
+        broker.url,
+        group_name,
+        tmp_path / "daemons",
+        admin_url=broker.admin_url,
+        extra_args=tuple(broker.config_args()),
     )
     yield local
     local.stop_all()
-
-
-def run_validator(deployment: LocalDeployment, timeout: float = 60.0) -> dict:
-    """Run the validation client until every published event is accounted for; its report."""
-    report = deployment.workdir / "report.json"
-    validator = deployment.start(
-        "validator",
-        "validation-client",
-        "--idle-exit",
-        "2",
-        "--progress-interval",
-        "0",
-        "--report-json",
-        str(report),
-    )
-    code = validator.wait(timeout)
-    assert code == 0, validator.log_tail()
-    return orjson.loads(report.read_bytes())
 
 
 @pytest.fixture

@@ -130,3 +130,24 @@ def test_every_skipped_event_is_reported_so_it_can_be_redelivered() -> None:
         return skipped
 
     assert run(scenario()) == ["a2", "a3"]
+
+
+def test_a_work_that_raises_counts_as_not_completed_and_its_key_waits() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        lanes = KeyLanes(4)
+        done: list[str] = []
+        skipped: list[str] = []
+
+        async def fails() -> bool:
+            raise ConnectionError("ack on a closing connection")
+
+        async def succeeds() -> bool:
+            done.append("a2")
+            return True
+
+        await lanes.submit("a", fails)
+        await lanes.submit("a", succeeds, lambda: skipped.append("a2"))
+        await lanes.drain()
+        return done, skipped
+
+    assert run(scenario()) == ([], ["a2"])

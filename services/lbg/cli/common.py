@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+import orjson
 import uvloop
 
 from lbg.broker.base import BrokerError
@@ -70,8 +74,48 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     )
     logging.getLogger("lbg.validator.shards").setLevel(logging.INFO if verbose else logging.WARNING)
     if verbose < 2:
-        for noisy in ("nats", "httpx", "aio_pika", "aiormq"):
+        for noisy in NOISY_LIBRARIES:
             logging.getLogger(noisy).setLevel(logging.WARNING)
+        # The adapters log every lost connection and retry themselves, in one line each.
+        logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_library_tracebacks_dropped)
+
+
+NOISY_LIBRARIES = ("nats", "httpx", "aio_pika", "aiormq")
+
+
+def _library_tracebacks_dropped(record: logging.LogRecord) -> bool:
+    """Keep a client library's log line but drop its traceback: a lost connection is an
+    expected event that the adapters report and recover from, not a crash."""
+    if record.name.split(".", 1)[0] in NOISY_LIBRARIES:
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+def run_folder(workdir: str | None, name: str) -> Path:
+    """The folder of a long local run (demo, soak): `workdir` or a new temporary one, with the
+    run's own log in `<name>.log` there."""
+    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"lbg-{name}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        filename=folder / f"{name}.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    return folder
+
+
+def print_verdict(text: str, folder: Path, document: dict | None, ok: bool) -> NoReturn:
+    """End a long local run: its report, where the logs are, then (if asked) the report as
+    one JSON object on the last line; exit 1 unless `ok`."""
+    click.echo("")
+    click.echo(text)
+    click.echo(f"logs: {folder}")
+    if document is not None:
+        click.echo(orjson.dumps(document).decode())
+    sys.exit(0 if ok else 1)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
@@ -108,14 +152,24 @@ def one_line_errors() -> Iterator[None]:
         fail(f"unexpected {type(exc).__name__}: {exc} (run with -vv for details)")
 
 
+def _log_task_stacks() -> None:
+    """On SIGUSR1: log what every task of the daemon is waiting for (a hang, diagnosed live)."""
+    stacks = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=stacks)
+    logging.getLogger("lbg").warning("SIGUSR1: stacks of every task\n%s", stacks.getvalue())
+
+
 def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> NoReturn:
-    """Run an async main on uvloop; SIGTERM/SIGINT set its stop event; exit with its code."""
+    """Run an async main on uvloop; SIGTERM/SIGINT set its stop event (SIGUSR1 logs every
+    task's stack); exit with its code."""
 
     async def wrapper() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, _log_task_stacks)
         return await main(stop)
 
     with one_line_errors():

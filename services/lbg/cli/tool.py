@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import signal
 import sys
 import tempfile
@@ -25,11 +24,14 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    print_verdict,
     run,
+    run_folder,
     setup_logging,
     verbose_option,
 )
 from lbg.cli.local import autoscale, local
+from lbg.cli.soak import soak
 from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 from lbg.local_brokers import LOCAL_BROKERS
 
@@ -170,9 +172,9 @@ def demo(
     it -> add a 3rd and a 4th -> (dynamic: stall one, wake it) -> scale down to 1 -> stop
     publishing -> drain.
 
-    Starts a private broker (embedded NATS JetStream by default, or RabbitMQ from Debian's
-    package with --broker rabbitmq) unless --broker-url is given. Exits 1 if any event was
-    lost or reordered.
+    Starts a private broker (embedded NATS JetStream by default, RabbitMQ from Debian's
+    package with --broker rabbitmq, or Message DB on a private PostgreSQL with --broker
+    messagedb) unless --broker-url is given. Exits 1 if any event was lost or reordered.
     """
     import uvloop
 
@@ -180,13 +182,7 @@ def demo(
     from lbg.embedded import BrokerStartError
     from lbg.local_brokers import BrokerEndpoint, local_broker
 
-    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="lbg-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        filename=folder / "demo.log",
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    folder = run_folder(workdir, "demo")
     with contextlib.ExitStack() as stack:
         if broker_url is None:
             try:
@@ -210,12 +206,8 @@ def demo(
             report = uvloop.run(run_demo(options, folder / "daemons", click.echo))
         except EXPECTED_ERRORS as exc:
             fail(str(exc))
-    click.echo("")
-    click.echo(report.to_text())
-    click.echo(f"logs: {folder}")
-    if as_json:
-        click.echo(orjson.dumps(report.to_dict() | {"ok": report.ok}).decode())
-    sys.exit(0 if report.ok else 1)
+    document = report.to_dict() | {"ok": report.ok} if as_json else None
+    print_verdict(report.to_text(), folder, document, report.ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,3 +414,4 @@ def move(
 
 main.add_command(local)
 main.add_command(autoscale)
+main.add_command(soak)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
@@ -46,15 +49,20 @@ from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
+from lbg.tls import client_context, wants_tls
 
 log = logging.getLogger(__name__)
 
 CONFIG_BUCKET = "lbg_groups"
 OWNERS_BUCKET = "lbg_owners"
-PUBLISH_TIMEOUT = 10.0
+# Short, because a publish sent just before a lost connection never gets its ack: it is
+# retried after this long, and the stream's de-duplication (Nats-Msg-Id) drops the copy.
+PUBLISH_TIMEOUT = 3.0
 ACK_WAIT = 30.0
+MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
+_REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
 def subject(destination: Destination) -> str:
@@ -91,10 +99,22 @@ class _ConnectionLog:
         self.closing = False
         self.connected = False
         self.last_error = ""
+        self.refused: set[str] = set()
+
+    def refusal(self, subject: str) -> str | None:
+        """Why nothing came back for `subject`, if the server refused this user publishing to
+        it (a refused request gets no answer at all: the caller only sees a timeout)."""
+        if subject.lower() not in self.refused:
+            return None
+        return f"not permitted: the server refused this user publishing to '{subject}'"
 
     async def error(self, exc: Exception) -> None:
-        self.last_error = str(exc) or type(exc).__name__
-        if self.connected:
+        self.last_error = " ".join((str(exc) or type(exc).__name__).split())
+        denied = _REFUSED.search(self.last_error)
+        if denied:
+            self.refused.add(denied.group(1).lower())
+            log.warning("broker refused: %s", self.last_error)
+        elif self.connected:
             log.warning("broker connection error: %s", self.last_error)
         else:
             log.debug("broker not reachable yet: %s", self.last_error)
@@ -110,16 +130,18 @@ class _ConnectionLog:
 async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionLog) -> Client:
     """Connect, retrying for `connect_timeout` seconds so that start-up order does not matter.
 
-    Once connected, the client reconnects by itself for as long as it runs.
+    Once connected, the client reconnects by itself for as long as it runs. TLS (tls://, or
+    any tls_* key) verifies the server against `tls_ca_file`, else the system's CAs.
     """
     try:
         nc = await asyncio.wait_for(
             nats.connect(
-                servers=[settings.url],
+                servers=settings.url.split(","),
                 name=name,
                 user=settings.user,
                 password=settings.secret() if settings.user else None,
                 token=settings.token,
+                tls=client_context(settings) if wants_tls(settings) else None,
                 connect_timeout=min(2.0, settings.connect_timeout),
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
@@ -131,12 +153,27 @@ async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionL
             timeout=settings.connect_timeout,
         )
     except TimeoutError:
-        reason = f" ({events.last_error})" if events.last_error else ""
+        reason = f" ({_explain(events.last_error)})" if events.last_error else ""
         raise BrokerError(
-            f"cannot connect to {settings.url} within {settings.connect_timeout:g}s{reason}"
+            f"cannot connect to {settings.shown_url} within {settings.connect_timeout:g}s{reason}"
         ) from None
+    if wants_tls(settings) and not nc._server_info.get("tls_required"):
+        # nats-py talks plain text to a server that does not require TLS, even for tls://.
+        events.closing = True
+        await nc.close()
+        raise BrokerError(
+            f"{settings.shown_url}: the server does not require TLS, and TLS was asked for"
+            " (tls:// or a tls_* key): refusing to talk to it in plain text"
+        )
     events.connected = True
     return nc
+
+
+def _explain(error: str) -> str:
+    """The connection error, with what to do about the TLS ones."""
+    if "CERTIFICATE_VERIFY_FAILED" in error:
+        return f"{error}: the server's certificate is not trusted; set [broker] tls_ca_file"
+    return error
 
 
 class NatsBroker(Broker):
@@ -163,12 +200,23 @@ class NatsBroker(Broker):
         with contextlib.suppress(Exception):
             await self._nc.drain()
 
-    async def _bucket(self, name: str) -> KeyValue:
+    async def _bucket(self, name: str, create: bool = True, replicas: int = 1) -> KeyValue:
+        """The KV bucket `name`; made (with `replicas` copies) if missing unless `create` is
+        False (a reader may lack the permission to create it, and finds nothing there anyway)."""
         if name not in self._kv:
             try:
                 self._kv[name] = await self._js.key_value(name)
             except BucketNotFoundError:
-                self._kv[name] = await self._js.create_key_value(bucket=name, history=1)
+                if not create:
+                    raise
+                # Direct gets have one subject per key: a NATS user may read one group's config.
+                try:
+                    self._kv[name] = await self._js.create_key_value(
+                        bucket=name, history=1, direct=True, replicas=replicas
+                    )
+                except JetStreamError as exc:
+                    reason = getattr(exc, "description", None) or exc
+                    raise BrokerError(f"KV bucket '{name}': {reason}") from None
         return self._kv[name]
 
     async def _stream_exists(self, name: str) -> bool:
@@ -179,7 +227,7 @@ class NatsBroker(Broker):
         return True
 
     async def _check_clashes(self, name: str, config: GroupConfig) -> None:
-        configs = await self._bucket(CONFIG_BUCKET)
+        configs = await self._bucket(CONFIG_BUCKET, replicas=config.replicas)
         with contextlib.suppress(KeyNotFoundError):
             await configs.get(name)
             raise GroupExists(f"group '{name}' already exists (config in KV '{CONFIG_BUCKET}')")
@@ -206,6 +254,7 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
+                    num_replicas=config.replicas,
                 ),
             )
             await self._add_stream(
@@ -216,6 +265,7 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=OUTPUT_MAX_BYTES,
+                    num_replicas=config.replicas,
                 ),
             )
             for queue in range(config.queue_count):
@@ -229,9 +279,12 @@ class NatsBroker(Broker):
                         self._priority_timeout,
                         max_ack_pending=1000,
                         ack_wait=ACK_WAIT,
+                        replicas=config.replicas,
                     ),
                 )
-            configs = await self._bucket(CONFIG_BUCKET)
+            # Here, so clients never need to create it.
+            await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
+            configs = await self._bucket(CONFIG_BUCKET, replicas=config.replicas)
             await configs.create(name, config.to_json().encode())
         except (JetStreamError, jsapi.JsApiError) as exc:
             for stream in created:
@@ -243,15 +296,20 @@ class NatsBroker(Broker):
         try:
             await self._js.add_stream(config)
         except JetStreamError as exc:
-            raise BrokerError(f"stream '{config.name}': {exc}") from None
+            reason = getattr(exc, "description", None) or exc
+            raise BrokerError(f"stream '{config.name}': {reason}") from None
         created.append(str(config.name))
 
     async def read_group(self, name: str) -> GroupConfig:
-        configs = await self._bucket(CONFIG_BUCKET)
         try:
+            configs = await self._bucket(CONFIG_BUCKET, create=False)
             entry = await configs.get(name)
-        except KeyNotFoundError:
+        except (KeyNotFoundError, BucketNotFoundError):
             raise GroupNotFound(f"group '{name}' does not exist (no config in KV)") from None
+        except (NatsTimeoutError, TimeoutError):
+            key = f"$JS.API.DIRECT.GET.KV_{CONFIG_BUCKET}.$KV.{CONFIG_BUCKET}.{name}"
+            reason = self._events.refusal(key) or "no answer in time"
+            raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         try:
             return GroupConfig.from_json(entry.value or b"")
         except GroupConfigError as exc:
@@ -316,12 +374,16 @@ class NatsBroker(Broker):
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         target = subject(destination)
+        all_headers = dict(headers or {})
+        if destination.levels[0] != SYSTEM_PREFIX:
+            all_headers[MSG_ID_HEADER] = hashlib.blake2b(body, digest_size=16).hexdigest()
         try:
-            await self._js.publish(target, body, headers=dict(headers) if headers else None)
+            await self._js.publish(target, body, headers=all_headers or None)
         except NoRespondersError:
             raise PublishError(f"no stream captures '{target}' (does the group exist?)") from None
         except (NatsTimeoutError, TimeoutError):
-            raise PublishError(f"no acknowledgement for '{target}' in time") from None
+            refused = self._events.refusal(target)
+            raise PublishError(refused or f"no acknowledgement for '{target}' in time") from None
         except JetStreamError as exc:
             raise PublishError(f"'{target}' rejected: {exc}") from None
 
@@ -334,11 +396,14 @@ class NatsBroker(Broker):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> QueueBinding:
-        owners = await self._bucket(OWNERS_BUCKET)
+        stream, consumer = events_stream(group), consumer_name(queue)
         try:
-            info = await jsapi.consumer_info(self._nc, events_stream(group), consumer_name(queue))
-        except jsapi.JsApiError as exc:
-            raise BrokerError(f"group '{group}' queue {queue}: {exc}") from None
+            info = await jsapi.consumer_info(self._nc, stream, consumer)
+        except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
+            refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
+            reason = refused or exc or "no answer"
+            raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
+        owners = await self._bucket(OWNERS_BUCKET)
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
 
@@ -364,7 +429,10 @@ class NatsBroker(Broker):
         return binding
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        await self._nc.publish(control_subject(group), body)
+        try:
+            await self._nc.publish(control_subject(group), body)
+        except NatsError as exc:
+            raise BrokerError(f"heartbeat not sent: {exc or type(exc).__name__}") from None
 
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]

@@ -238,6 +238,19 @@ class NatsQueueBinding(EpochBinding):
                 await pull.subscription.unsubscribe()
         if pull.takeover_pin is not None and self._running.is_set() and not self._closed:
             await self._take_over(pull.takeover_pin)
+        elif pull.remaining == PULL_BATCH and self.waiting:
+            await self._rewind_orphans()
+
+    async def _rewind_orphans(self) -> None:
+        """Nobody owns the queue, yet deliveries wait unacked (an owner let go of messages it
+        had been sent but never processed): rewind to the ack floor, so they are delivered
+        again, and this waiting pull pinned, now rather than after the ack wait."""
+        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+        groups = info.get("priority_groups") or []
+        orphans = info.get("num_ack_pending", 0)
+        if orphans and not any(g.get("pinned_client_id") for g in groups):
+            await jsapi.reset(self._nc, self._stream, self._consumer)
+            log.info("queue %d: nobody owns %d unacked deliveries: rewound", self.queue, orphans)
 
     async def _take_over(self, pin: str) -> None:
         """Become the owner: rewind to the ack floor so the old owner's unacked work comes first."""

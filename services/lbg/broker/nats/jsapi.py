@@ -51,6 +51,7 @@ def pinned_consumer_config(
     priority_timeout: float,
     max_ack_pending: int,
     ack_wait: float,
+    replicas: int = 1,
 ) -> dict[str, Any]:
     """A durable pull consumer; with `group`, a pinned_client priority group makes it exclusive."""
     config: dict[str, Any] = {
@@ -60,6 +61,7 @@ def pinned_consumer_config(
         "ack_wait": nanos(ack_wait),
         "max_ack_pending": max_ack_pending,
         "filter_subjects": filter_subjects,
+        "num_replicas": replicas,
     }
     if group is not None:
         config |= {

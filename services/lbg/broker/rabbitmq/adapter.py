@@ -23,7 +23,7 @@ from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
 )
-from aio_pika.exceptions import AMQPError, DeliveryError
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError
 from yarl import URL
 
 from lbg.aio import cancel_and_wait
@@ -44,6 +44,7 @@ from lbg.broker.rabbitmq.management import ManagementApi, NotFound, path_segment
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
 from lbg.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
+from lbg.tls import client_context, https_verify
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,15 @@ READ_CONFIG_TIMEOUT = 5.0
 DEFAULT_HEARTBEAT = 1
 MANAGEMENT_PORT = 15672
 POLL_SECONDS = 0.25
+CONTROL_TIMEOUT = 1.0
+RECONSUME_SECONDS = 1.0
 TICK_SECONDS = 0.1
 CLIENT_TAG = "lbg-client"
+PUBLISHER_TAG = "lbg-publisher"
 # RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
+_EXCHANGE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)$")
 
 
 def amqp_url(settings: BrokerSettings) -> URL:
@@ -79,6 +84,7 @@ class RabbitBroker(Broker):
         self._heartbeat = float(self._url.query.get("heartbeat", DEFAULT_HEARTBEAT))
         self._vhost = unquote(self._url.path[1:]) if len(self._url.path) > 1 else "/"
         self._settings = settings
+        self._ssl = client_context(settings) if self._url.scheme == "amqps" else None
         self._connection: AbstractConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._channels: dict[str, AbstractChannel] = {}
@@ -131,12 +137,14 @@ class RabbitBroker(Broker):
                     await old.close()
             deadline = time.monotonic() + self._connect_timeout
             delay = 0.2
+            attempt = 0
             while True:
                 try:
                     self._connection = await aio_pika.connect(
                         self._url,
                         timeout=min(2.0, self._connect_timeout),
                         client_properties={"connection_name": self._name},
+                        ssl_context=self._ssl,
                     )
                     break
                 except (AMQPError, OSError, TimeoutError, ConnectionError) as exc:
@@ -146,8 +154,15 @@ class RabbitBroker(Broker):
                             f"cannot connect to {self._url.with_password(None)} within "
                             f"{self._connect_timeout:g}s ({reason})"
                         ) from None
+                    attempt += 1
                     if not first:
-                        log.warning("broker connection lost (%s); reconnecting", reason)
+                        log.warning(
+                            "broker %s unreachable (%s); retrying in %.1f s (attempt %d)",
+                            self._url.with_password(None),
+                            reason,
+                            delay,
+                            attempt,
+                        )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
             if not first:
@@ -213,7 +228,7 @@ class RabbitBroker(Broker):
             base = settings.admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
             user = settings.admin_user or self._url.user or "guest"
             password = settings.admin_secret() or self._url.password or "guest"
-            self._management = ManagementApi(base, user, password)
+            self._management = ManagementApi(base, user, password, https_verify(settings))
         return self._management
 
     # -- the group store -----------------------------------------------------------------
@@ -369,13 +384,96 @@ class RabbitBroker(Broker):
             groups.add(extra)
         groups.discard(without)
         permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
+        topic_permissions = f"/topic-permissions/{path_segment(self._vhost)}/{users}"
         if groups:
+            for group in sorted(groups):
+                await api.put(topic_permissions, topology.client_topic_permissions(group))
             await api.put(permissions, topology.client_permissions(sorted(groups)))
             return
         with contextlib.suppress(NotFound):
             await api.delete(permissions)
+        with contextlib.suppress(NotFound):
+            await api.delete(topic_permissions)
         if record is not None and CLIENT_TAG in str(record.get("tags", "")):
             await api.delete(f"/users/{users}")
+
+    async def grant_publisher(
+        self, group: str, config: GroupConfig, user: str, password: str | None
+    ) -> None:
+        """Create the publisher user (tagged `lbg-publisher`) if needed, then put the group's
+        topic permission before the vhost permissions, so the user never holds write access to
+        an exchange without its routing-key limit; a failure undoes what this run added."""
+        api = self._api()
+        users = path_segment(user)
+        record = await self._publisher_record(user)
+        groups = await self._publisher_groups(user)
+        if record is None:
+            if password is None:
+                raise BrokerError(
+                    f"publisher user '{user}' does not exist: give a password to create it"
+                )
+            await api.put(f"/users/{users}", {"password": password, "tags": PUBLISHER_TAG})
+        topic_permissions = f"/topic-permissions/{path_segment(self._vhost)}/{users}"
+        try:
+            await api.put(topic_permissions, topology.publisher_topic_permissions(group, config))
+            await api.put(
+                f"/permissions/{path_segment(self._vhost)}/{users}",
+                topology.publisher_permissions(sorted(groups | {group})),
+            )
+        except BrokerError as exc:
+            with contextlib.suppress(BrokerError):
+                if record is None:
+                    await api.delete(f"/users/{users}")
+                elif group not in groups:
+                    exchange = path_segment(topology.exchange_name(group))
+                    await api.delete(f"{topic_permissions}/{exchange}")
+            raise BrokerError(f"cannot grant '{user}' publishing to '{group}': {exc}") from None
+
+    async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
+        """Narrow the vhost permissions first, then drop the group's topic permission; a user
+        left with no group loses its permissions, and is deleted if grant_publisher made it."""
+        api = self._api()
+        users = path_segment(user)
+        record = await self._publisher_record(user)
+        groups = await self._publisher_groups(user)
+        if record is None or group not in groups:
+            raise BrokerError(f"user '{user}' is not a publisher of group '{group}'")
+        groups.discard(group)
+        permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
+        if groups:
+            await api.put(permissions, topology.publisher_permissions(sorted(groups)))
+        else:
+            with contextlib.suppress(NotFound):
+                await api.delete(permissions)
+        exchange = path_segment(topology.exchange_name(group))
+        with contextlib.suppress(NotFound):
+            await api.delete(f"/topic-permissions/{path_segment(self._vhost)}/{users}/{exchange}")
+        if not groups and PUBLISHER_TAG in str(record.get("tags", "")):
+            await api.delete(f"/users/{users}")
+
+    async def _publisher_record(self, user: str) -> dict | None:
+        """The user's record, None if it does not exist; refuses a client identity (CU),
+        whose permissions a publisher's would replace."""
+        clients = {c.client_username for c in (await self.list_groups()).values()}
+        try:
+            record = await self._api().get(f"/users/{path_segment(user)}")
+        except NotFound:
+            record = None
+        if user in clients or (record and CLIENT_TAG in str(record.get("tags", ""))):
+            raise BrokerError(
+                f"user '{user}' is a client identity (CU): a publisher needs a user of its own"
+            )
+        return record
+
+    async def _publisher_groups(self, user: str) -> set[str]:
+        """The groups whose exchange the user has a topic permission on."""
+        try:
+            entries = await self._api().get(
+                f"/topic-permissions/{path_segment(self._vhost)}/{path_segment(user)}"
+            )
+        except NotFound:
+            return set()
+        return {m.group(1) for e in entries or [] if (m := _EXCHANGE.match(e.get("exchange", "")))}
 
     async def delete_group(self, name: str) -> None:
         config = await self.read_group(name)
@@ -446,7 +544,7 @@ class RabbitBroker(Broker):
             raise PublishError(f"exchange '{exchange_name}' does not exist") from None
         except TimeoutError:
             raise PublishError(f"no confirm for '{key}' in time") from None
-        except (AMQPError, ConnectionError) as exc:
+        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
             raise PublishError(f"'{key}' not confirmed: {exc or type(exc).__name__}") from None
 
     async def bind(
@@ -475,8 +573,14 @@ class RabbitBroker(Broker):
         )
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        exchange = await self._exchange("control", topology.exchange_name(group))
-        await exchange.publish(aio_pika.Message(body), topology.control_routing_key(group))
+        try:
+            exchange = await self._exchange("control", topology.exchange_name(group))
+            await asyncio.wait_for(
+                exchange.publish(aio_pika.Message(body), topology.control_routing_key(group)),
+                CONTROL_TIMEOUT,
+            )
+        except (AMQPError, ChannelInvalidStateError, ConnectionError, TimeoutError) as exc:
+            raise BrokerError(f"heartbeat not sent: {exc or type(exc).__name__}") from None
 
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
@@ -509,10 +613,12 @@ class RabbitBroker(Broker):
             while True:
                 while not channel.is_closed:
                     await asyncio.sleep(POLL_SECONDS)
+                if self._closing:
+                    return
                 try:
                     channel = await self._control_queue(group, handler)
                     log.info("heartbeat subscription of group '%s' restored", group)
-                except (AMQPError, BrokerError, ConnectionError) as exc:
+                except (AMQPError, BrokerError, ChannelInvalidStateError, ConnectionError) as exc:
                     log.warning("cannot restore the heartbeat subscription yet: %s", exc)
                     await asyncio.sleep(1.0)
         finally:
@@ -520,9 +626,30 @@ class RabbitBroker(Broker):
                 await channel.close()
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        """Read the output stream from its first offset; after a lost connection, resume
+        after the last offset read, so a broker restart neither loses nor repeats records."""
+        kinds = {kind.value: kind for kind in OutputKind}
+        offset: object = "first"
+        while True:
+            try:
+                async for message in self._read_output_until_closed(group, offset):
+                    offset = int(message.headers["x-stream-offset"]) + 1  # type: ignore[arg-type]
+                    kind = kinds.get((message.routing_key or "").rsplit(".", 1)[-1])
+                    if kind is not None:
+                        headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
+                        yield OutputMessage(kind, message.body, headers, _sent_at(headers))
+            except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+                # E.g. a stream not ready yet after a broker restart (INTERNAL_ERROR).
+                log.warning("output stream of group '%s': %s", group, exc or type(exc).__name__)
+                await asyncio.sleep(RECONSUME_SECONDS)
+            log.info("output stream of group '%s': resuming at offset %s", group, offset)
+
+    async def _read_output_until_closed(
+        self, group: str, offset: object
+    ) -> AsyncIterator[AbstractIncomingMessage]:
+        """Consume the output stream from `offset` until the channel closes."""
         channel = await self._open_channel()
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        kinds = {kind.value: kind for kind in OutputKind}
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             inbox.put_nowait(message)
@@ -530,14 +657,15 @@ class RabbitBroker(Broker):
         try:
             await channel.set_qos(prefetch_count=1000)
             queue = await channel.get_queue(topology.output_queue_name(group), ensure=False)
-            await queue.consume(on_message, arguments={"x-stream-offset": "first"})
-            while True:
-                message = await inbox.get()
-                await message.ack()
-                kind = kinds.get((message.routing_key or "").rsplit(".", 1)[-1])
-                if kind is not None:
-                    headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
-                    yield OutputMessage(kind, message.body, headers, _sent_at(headers))
+            await queue.consume(on_message, arguments={"x-stream-offset": offset})
+            while not channel.is_closed or not inbox.empty():
+                try:
+                    message = await asyncio.wait_for(inbox.get(), POLL_SECONDS)
+                except TimeoutError:
+                    continue
+                with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
+                    await message.ack()
+                yield message
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise GroupNotFound(f"group '{group}' has no output stream") from None
         finally:

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Delivery, EpochBinding, StateListener
@@ -125,7 +124,7 @@ class RabbitQueueBinding(EpochBinding):
         message: AbstractIncomingMessage = delivery.token  # type: ignore[assignment]
         try:
             await message.ack()
-        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+        except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
             self._lose(f"ack failed: {exc or type(exc).__name__}")
             return False
         return True
