@@ -24,7 +24,9 @@ def test_short_demo_ends_with_nothing_lost_or_reordered(
             "--mode",
             mode,
             "--duration",
-            "15",
+            # Each phase must outlast a client's start-up (about 1-2 s on a busy 2-core
+            # machine: process, connect, join), or a client added late never serves.
+            "24",
             "--cycle-seconds",
             "2",
             "--rate",
