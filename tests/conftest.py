@@ -115,7 +115,7 @@ def broker_url(broker: BrokerEndpoint) -> str:
 # broker, so these run on NATS only by default; RabbitMQ keeps its own kinds of failure in the
 # default run (kill -9 and SIGSTOP takeover, SIGTERM handover, reconnect, one active consumer
 # per queue). The broker restart is in the default run's 60 s soak; the node-loss test needs
-# a 3-node cluster; Message DB's resize under load is the issue-8 scenario.
+# a 3-node cluster.
 SLOW_TESTS = {
     "test_short_demo_ends_with_nothing_lost_or_reordered[rabbitmq-static]",
     "test_short_demo_ends_with_nothing_lost_or_reordered[rabbitmq-dynamic]",
@@ -132,7 +132,6 @@ SLOW_TESTS = {
     "test_a_broker_restart_under_load_loses_and_reorders_nothing[nats]",
     "test_a_broker_restart_under_load_loses_and_reorders_nothing[rabbitmq]",
     "test_killing_the_leader_of_a_queue_loses_and_reorders_nothing",
-    "test_grow_then_shrink_under_load_loses_and_reorders_nothing",
 }
 
 

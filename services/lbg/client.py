@@ -6,6 +6,10 @@ queues (q mod count == index); every `cycle_seconds` it releases the secondary q
 active on, so primaries reclaim them. One worker per queue hands each message to its key's
 lane (keys run concurrently up to `window`, each key in order), acks only after the handler
 succeeded, and dead-letters what cannot be processed.
+
+A resizable group (Message DB) can change its queue count at run time: the client follows its
+config (see `_follow_config`), binds the queues the group gained and retires the ones it lost,
+each after finishing its in-flight work; the broker's generations keep the switch safe.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
 STANDBY_DELAY = 0.5
+CONFIG_CHECK_SECONDS = 2.0
+CONFIG_READ_GAP = 0.2
 REASON_CHARS = 500
 LEASE_LAPSED = "a delivery came while this member's lease had lapsed"
 EARLIER_EVENT_FAILED = "an earlier event of the same key did not complete"
@@ -105,7 +111,9 @@ class LbgClient:
         self._retries = retries
         self._backoff = retry_backoff
         self._window = window
-        self._bindings: list[QueueBinding] = []
+        self._bindings: dict[int, QueueBinding] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._config_changed = asyncio.Event()
         self._release_requested: set[int] = set()
         self._stopping = False
         self._coordinator: Coordinator | None = None
@@ -125,6 +133,12 @@ class LbgClient:
             "lbg_client_handovers", "Queues this client became active on.", g, s.handovers
         )
         yield gauge("lbg_client_queues_active", "Queues this client serves now.", g, len(s.active))
+        yield gauge(
+            "lbg_group_queues",
+            "The group's queue count (QC) this client runs.",
+            g,
+            self._config.queue_count,
+        )
         if self._coordinator is not None:
             members = len(self._coordinator.view.members()) + 1
             yield gauge("lbg_group_members", "Members in this client's view.", g, members)
@@ -154,30 +168,80 @@ class LbgClient:
     async def run(self, stop: asyncio.Event) -> ClientStats:
         """Bind every queue and work until `stop` is set, then hand over cleanly."""
         for queue in range(self._config.queue_count):
-            self._bindings.append(
-                await self._broker.bind(
-                    self._group,
-                    self._config,
-                    queue,
-                    self.client_id,
-                    preferred=self._preferred(queue),
-                    on_change=self._on_change,
-                )
-            )
-        workers = [asyncio.create_task(self._work(b)) for b in self._bindings]
-        if isinstance(self._role, StaticRole):
-            await self._run_static(stop)
-        else:
-            await self._run_dynamic(stop, self._role)
+            await self._bind(self._config, queue)
+        follower = (
+            asyncio.create_task(self._follow_config(), name="config-follower")
+            if self._broker.resizable
+            else None
+        )
+        try:
+            if isinstance(self._role, StaticRole):
+                await self._run_static(stop)
+            else:
+                await self._run_dynamic(stop, self._role)
+        finally:
+            if follower is not None:
+                await cancel_and_wait(follower)
         self._stopping = True
-        await asyncio.gather(*workers, return_exceptions=True)
-        for binding in self._bindings:
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        for binding in self._bindings.values():
             with contextlib.suppress(Exception):
                 await binding.close()
         if self._coordinator is not None:
             await self._coordinator.close()
         log.info("client %s stopped after %d messages", self.client_id, self.stats.processed)
         return self.stats
+
+    async def _bind(self, config: GroupConfig, queue: int) -> None:
+        """Bind one queue of the group and start its worker (once per queue)."""
+        if queue in self._bindings:
+            return
+        self._bindings[queue] = await self._broker.bind(
+            self._group,
+            config,
+            queue,
+            self.client_id,
+            preferred=self._preferred(queue),
+            on_change=self._on_change,
+        )
+        self._workers.append(
+            asyncio.create_task(self._work(self._bindings[queue]), name=f"worker-{queue}")
+        )
+
+    async def _follow_config(self) -> None:
+        """Read the group's config when a newer generation is heard of (a member's heartbeat,
+        cg-admin's control message) and every CONFIG_CHECK_SECONDS anyway; adopt a new size."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._config_changed.wait(), CONFIG_CHECK_SECONDS)
+            self._config_changed.clear()
+            try:
+                config = await self._broker.read_group(self._group)
+                if config.generation > self._config.generation:
+                    await self._resize(config)
+            except BrokerError as exc:
+                log.warning("client %s: cannot follow the group's config: %s", self.client_id, exc)
+            await asyncio.sleep(CONFIG_READ_GAP)
+
+    async def _resize(self, config: GroupConfig) -> None:
+        """Run the group's new size: bind the queues it gained; retire the ones it lost (their
+        workers finish the in-flight work, record it and unbind; see `_work`)."""
+        before = self._config.queue_count
+        for queue in range(before, config.queue_count):
+            await self._bind(config, queue)
+        for queue in range(config.queue_count, before):
+            self._bindings.pop(queue, None)
+        self._config = config
+        log.info(
+            "client %s: group '%s' resized, QC %d -> %d (generation %d)",
+            self.client_id,
+            self._group,
+            before,
+            config.queue_count,
+            config.generation,
+        )
+        if self._coordinator is not None:
+            self._coordinator.adopt(config.generation, config.queue_count)
 
     async def _run_static(self, stop: asyncio.Event) -> None:
         primaries = [q for q in range(self._config.queue_count) if self._preferred(q)]
@@ -198,10 +262,13 @@ class LbgClient:
             self._broker,
             self._group,
             self.client_id,
-            {b.queue: b for b in self._bindings},
+            self._bindings,
             self._release_requested.add,
             interval=role.heartbeat_interval,
             lease=role.lease,
+            queue_count=self._config.queue_count,
+            generation=self._config.generation,
+            on_newer_generation=lambda _generation: self._config_changed.set(),
         )
         self._coordinator = coordinator
         await coordinator.join()
@@ -214,7 +281,7 @@ class LbgClient:
         log.info("client %s leaving: handing its queues over", self.client_id)
         await coordinator.leave()
         deadline = time.monotonic() + role.leave_timeout
-        while any(b.active for b in self._bindings) and time.monotonic() < deadline:
+        while any(b.active for b in self._bindings.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await cancel_and_wait(watchdog)
         heartbeats.set()
@@ -238,13 +305,17 @@ class LbgClient:
         """The original's periodic release of secondary bindings so primaries can reclaim them."""
         while True:
             await asyncio.sleep(self._cycle)
-            for binding in self._bindings:
+            for binding in list(self._bindings.values()):
                 if binding.active and not self._preferred(binding.queue):
                     self._release_requested.add(binding.queue)
 
+    def _retired(self, binding: QueueBinding) -> bool:
+        """The group was resized and no longer has this binding's queue."""
+        return self._bindings.get(binding.queue) is not binding
+
     async def _work(self, binding: QueueBinding) -> None:
         lanes = KeyLanes(self._window)
-        while not self._stopping:
+        while not self._stopping and not self._retired(binding):
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
                 if not binding.active:
@@ -281,6 +352,11 @@ class LbgClient:
             )
         await lanes.drain()
         await self._announce(binding, lanes, active=False)
+        if self._retired(binding):
+            log.info(
+                "client %s retires queue %d (the group was resized)", self.client_id, binding.queue
+            )
+            await binding.close()
 
     async def _announce(self, binding: QueueBinding, lanes: KeyLanes, active: bool) -> None:
         """Call on_assigned / on_revoked when this worker's ownership of its queue changes."""

@@ -9,6 +9,11 @@ The broker's exclusivity keeps correctness whatever the views say.
 
 An operator's planned move (`lbg move`) pins a queue to a member on top of that assignment,
 for as long as the member is alive and active; see operator.py.
+
+A resizable group's size travels the same way: each heartbeat carries the generation of the
+group's config its member runs. A member that hears of a newer one (a peer's heartbeat, or
+`cg-admin resize`'s control message) asks its client to read the config; the client binds or
+retires queues and calls `adopt`, and the assignment then spans the new queue count.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from lbg.operator import (
     Override,
     OverrideBook,
     Probe,
+    Resized,
     assign_with_overrides,
     decode_control,
     encode_gossip,
@@ -52,12 +58,19 @@ class Coordinator:
         interval: float = 0.15,
         lease: float = 0.7,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        queue_count: int | None = None,
+        generation: int = 0,
+        on_newer_generation: Callable[[int], None] | None = None,
     ) -> None:
         self._broker = broker
         self._group = group
         self.member = member
         self._bindings = bindings
         self._request_release = request_release
+        self.queue_count = len(bindings) if queue_count is None else queue_count
+        self.generation = generation
+        self._on_newer_generation = on_newer_generation
         self.interval = interval
         self._clock = clock
         self.view = MembershipView(lease, clock)
@@ -113,6 +126,19 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 await self._unsubscribe()  # type: ignore[misc]
 
+    def adopt(self, generation: int, queue_count: int) -> None:
+        """The client now runs this generation of the group's config: share its queues."""
+        self.generation = generation
+        self.queue_count = queue_count
+        log.info("member %s: group size %d (generation %d)", self.member, queue_count, generation)
+        self.rebalance()
+        self._wake.set()
+
+    def _hear_generation(self, generation: int) -> None:
+        """Someone runs (or cg-admin stored) a newer config: the client should read it."""
+        if generation > self.generation and self._on_newer_generation is not None:
+            self._on_newer_generation(generation)
+
     def set_stalled(self, stalled: bool) -> None:
         """A handler hung past the stall timeout: give every queue up until it returns."""
         state = MemberState.STALLED if stalled else MemberState.ACTIVE
@@ -166,6 +192,7 @@ class Coordinator:
             return
         if heartbeat.member == self.member:
             return
+        self._hear_generation(heartbeat.generation)
         before = self.view.heartbeat_of(heartbeat.member)
         self.view.observe(heartbeat)
         if before is None:
@@ -199,6 +226,9 @@ class Coordinator:
         """An operator's move, or another member's overrides: keep the newest per queue."""
         if isinstance(control, Probe):
             self._gossip_soon = True
+            return
+        if isinstance(control, Resized):
+            self._hear_generation(control.generation)
             return
         if isinstance(control, Move):
             taken = [control.override] if self.overrides.offer(control.override) else []
@@ -238,7 +268,7 @@ class Coordinator:
         """Recompute the assignment and steer the bindings towards it."""
         members = self._members()
         pinned = self.overrides.active(members)
-        self.desired = assign_with_overrides(len(self._bindings), members, self._current(), pinned)
+        self.desired = assign_with_overrides(self.queue_count, members, self._current(), pinned)
         for queue, binding in self._bindings.items():
             owner = self.desired.get(queue)
             binding.set_preferred(owner == self.member)
@@ -267,7 +297,7 @@ class Coordinator:
         }
         now = self._clock()
         unknown: dict[int, tuple[str, float]] = {}
-        for queue, binding in self._bindings.items():
+        for queue, binding in list(self._bindings.items()):  # a resize may change them meanwhile
             if self.desired.get(queue) != self.member or binding.active:
                 continue
             pin = await binding.pinned_by()
@@ -284,6 +314,6 @@ class Coordinator:
     async def _beat(self) -> None:
         owns = {q: b.pin for q, b in self._bindings.items() if b.active and b.pin}
         wants = frozenset(q for q, b in self._bindings.items() if b.waiting)
-        heartbeat = Heartbeat(self.member, self.state, owns, wants)
+        heartbeat = Heartbeat(self.member, self.state, owns, wants, self.generation)
         await self._broker.publish_control(self._group, heartbeat.encode())
         self._last_beat = self._clock()

@@ -17,6 +17,8 @@ MAX_HASH_COUNT = 100_000
 MAX_QUEUE_SIZE_MB = (2**63 - 1) // 2**20
 MAX_JSON_LENGTH = 200
 MAX_REPLICAS = 5
+# A resizable group's generation shares an int4 lock key with its member (Message DB).
+MAX_GENERATION = 65535
 
 _GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _HASH_PREFIX = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}")
@@ -32,6 +34,7 @@ _FIELDS = {
     "HF": "hash function",
     "EX": "exclusive",
     "RF": "replicas",
+    "GN": "size generation",
 }
 _REQUIRED = ("HP", "HC", "QC")
 _DROPPED = frozenset({"CP"})
@@ -90,6 +93,8 @@ class GroupConfig:
     """One LBG: keys hash into ``hash_count`` buckets striped over ``queue_count`` queues.
 
     ``exclusive=False`` selects competing consumers, the documented opt-out from per-key order.
+    ``generation`` counts the resizes of a resizable group (Message DB): members compare it in
+    their heartbeats to learn that the group has a new size.
     """
 
     hash_prefix: str
@@ -100,6 +105,7 @@ class GroupConfig:
     hash_function: str = "java"
     exclusive: bool = True
     replicas: int = 1
+    generation: int = 0
 
     def __post_init__(self) -> None:
         """Reject any field outside its documented range, naming the field."""
@@ -143,13 +149,18 @@ class GroupConfig:
             raise GroupConfigError(
                 f"{_field('RF')}: must be <= {MAX_REPLICAS}, got {self.replicas}"
             )
+        _check_int("GN", self.generation, 0)
+        if self.generation > MAX_GENERATION:
+            raise GroupConfigError(
+                f"{_field('GN')}: must be <= {MAX_GENERATION}, got {self.generation}"
+            )
 
     def to_json(self) -> str:
         """The compact JSON stored in JNDI (HP, HC, QC, QS, CU, HF; EX only when off, RF only
-        when replicated).
+        when replicated, GN only once resized).
 
         It never holds a password, and must fit the 200-character Solace JNDI physical name; with
-        today's field limits it is at most 158 characters, so the check guards future fields.
+        today's field limits it is at most 169 characters, so the check guards future fields.
         """
         document: dict[str, Any] = {
             "HP": self.hash_prefix,
@@ -163,6 +174,8 @@ class GroupConfig:
             document["EX"] = 0
         if self.replicas != 1:
             document["RF"] = self.replicas
+        if self.generation:
+            document["GN"] = self.generation
         text = orjson.dumps(document).decode()
         if len(text) > MAX_JSON_LENGTH:
             raise GroupConfigError(
@@ -201,6 +214,8 @@ class GroupConfig:
             optional["exclusive"] = _exclusive_from_json(document["EX"])
         if "RF" in document:
             optional["replicas"] = document["RF"]
+        if "GN" in document:
+            optional["generation"] = document["GN"]
         return cls(
             hash_prefix=document["HP"],
             hash_count=document["HC"],

@@ -28,13 +28,15 @@ class MemberState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """One member's word: its state, the queues it serves (with the broker's pin for each)
-    and the queues it is ready to take (a standby pull is waiting)."""
+    """One member's word: its state, the queues it serves (with the broker's pin for each),
+    the queues it is ready to take (a standby pull is waiting) and the generation of the
+    group's config it runs (a resizable group's size changes with it)."""
 
     member: str
     state: MemberState
     owns: Mapping[int, str] = field(default_factory=dict)
     wants: frozenset[int] = frozenset()
+    generation: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -43,6 +45,7 @@ class Heartbeat:
                 "st": self.state.value,
                 "o": {str(q): pin for q, pin in self.owns.items()},
                 "w": sorted(self.wants),
+                "g": self.generation,
             }
         )
 
@@ -56,9 +59,16 @@ class Heartbeat:
                 state=MemberState(obj["st"]),
                 owns={int(q): str(pin) for q, pin in obj.get("o", {}).items()},
                 wants=frozenset(int(q) for q in obj.get("w", [])),
+                generation=_generation(obj.get("g", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
+
+
+def _generation(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"generation must be an integer >= 0, got {value!r}")
+    return value
 
 
 @dataclass

@@ -11,7 +11,10 @@ rejects (they have no member and state):
   override it knows to be dropped or superseded, so members that join later (or missed the
   move, or were cut off while its member died) catch up;
 - ``{"probe": sender}``, sent by the operator commands when they start listening, so that
-  the members repeat their overrides at once rather than within the second.
+  the members repeat their overrides at once rather than within the second;
+- ``{"resized": generation}``, sent by `cg-admin resize` once a resizable group's new size is
+  stored, so that the members read it at once (the heartbeats carry each member's generation
+  too, so one that missed this catches up from the others).
 
 Every coordinator keeps the same overrides (an `OverrideBook`): for each queue the one with
 the highest version wins, and a version once dropped never comes back. An override applies
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from lbg.assignment import balanced_assignment
-from lbg.broker.base import Broker, QueueStatus
+from lbg.broker.base import Broker, BrokerError, QueueStatus, Resize
 from lbg.group import GroupConfig
 from lbg.membership import Heartbeat, MemberState
 from lbg.messages import MalformedMessage, check_key
@@ -56,6 +59,7 @@ from lbg.settings import (
 MOVE = "move"
 OVERRIDES = "overrides"
 PROBE = "probe"
+RESIZED = "resized"
 GOSSIP_SECONDS = 1.0
 IDLE_CHECK_SECONDS = 0.5
 MEMBER_CHARS = 200
@@ -109,7 +113,14 @@ class Probe:
     sender: str
 
 
-ControlMessage = Move | OverrideGossip | Probe
+@dataclass(frozen=True, slots=True)
+class Resized:
+    """The group's config now has this generation (a new size): members read it now."""
+
+    generation: int
+
+
+ControlMessage = Move | OverrideGossip | Probe | Resized
 
 
 def encode_move(override: Override) -> bytes:
@@ -126,6 +137,21 @@ def encode_gossip(
 
 def encode_probe(sender: str) -> bytes:
     return orjson.dumps({PROBE: sender})
+
+
+def encode_resized(generation: int) -> bytes:
+    return orjson.dumps({RESIZED: generation})
+
+
+async def resize_group(broker: Broker, group: str, queue_count: int) -> tuple[Resize, str | None]:
+    """Resize a running group, then tell its members at once; returns what was done and, if
+    the members could not be told, why (they then read the new size within seconds)."""
+    done = await broker.resize_group(group, queue_count)
+    try:
+        await broker.publish_control(group, encode_resized(done.after.generation))
+    except BrokerError as exc:
+        return done, str(exc)
+    return done, None
 
 
 def _queue(queue: object) -> int:
@@ -181,6 +207,11 @@ def decode_control(body: bytes) -> ControlMessage | None:
         if not isinstance(obj[PROBE], str):
             raise MalformedMessage("bad probe: expected its sender")
         return Probe(obj[PROBE])
+    if RESIZED in obj:
+        generation = obj[RESIZED]
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise MalformedMessage(f"bad resized: generation {generation!r}")
+        return Resized(generation)
     return None
 
 
@@ -325,6 +356,7 @@ class MemberRow:
     state: str
     serves: list[int]
     wants: list[int]
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,13 +406,17 @@ class GroupStatus:
         lines = [
             f"group '{self.group}': HC {cfg.hash_count}, QC {cfg.queue_count}, "
             f"hash {cfg.hash_function}"
+            + (f", generation {cfg.generation}" if cfg.generation else "")
         ]
         if self.members:
             lines.append(f"members ({len(self.members)} heard in {self.listened:g}s):")
             width = max(len(m.member) for m in self.members)
             for m in self.members:
                 serves = " ".join(map(str, m.serves)) or "-"
-                lines.append(f"  {m.member:<{width}}  {m.state:<8} serves {serves}")
+                behind = (
+                    f" (runs generation {m.generation})" if m.generation < cfg.generation else ""
+                )
+                lines.append(f"  {m.member:<{width}}  {m.state:<8} serves {serves}{behind}")
         else:
             lines.append(
                 f"no dynamic members heard in {self.listened:g}s "
@@ -428,7 +464,7 @@ def group_status(
     """Combine the heartbeats heard (latest per member, in arrival order) with the broker's
     queue status; the assignment is computed as every coordinator computes it."""
     members = [
-        MemberRow(hb.member, hb.state.value, sorted(hb.owns), sorted(hb.wants))
+        MemberRow(hb.member, hb.state.value, sorted(hb.owns), sorted(hb.wants), hb.generation)
         for hb in sorted(heartbeats.values(), key=lambda hb: hb.member)
     ]
     owners = {q: hb.member for hb in heartbeats.values() for q in hb.owns}

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.group import (
+    MAX_GENERATION,
     MAX_QUEUE_SIZE_MB,
     MAX_REPLICAS,
     GroupConfig,
@@ -56,9 +57,17 @@ def test_to_json_writes_ex_only_when_not_exclusive() -> None:
 
 def test_longest_valid_config_fits_the_jndi_physical_name_limit() -> None:
     config = GroupConfig(
-        "h" * 40, 100_000, 1, MAX_QUEUE_SIZE_MB, "u" * 32, "messagedb", False, MAX_REPLICAS
+        "h" * 40,
+        100_000,
+        1,
+        MAX_QUEUE_SIZE_MB,
+        "u" * 32,
+        "messagedb",
+        False,
+        MAX_REPLICAS,
+        MAX_GENERATION,
     )
-    assert len(config.to_json()) == 158
+    assert len(config.to_json()) == 169
 
 
 def test_to_json_writes_rf_only_when_replicated() -> None:
@@ -66,6 +75,19 @@ def test_to_json_writes_rf_only_when_replicated() -> None:
     config = GroupConfig("h", 4, 2, replicas=3)
     assert config.to_json().endswith(',"RF":3}')
     assert GroupConfig.from_json(config.to_json()).replicas == 3
+
+
+def test_to_json_writes_gn_only_once_resized() -> None:
+    assert '"GN"' not in GroupConfig("h", 4, 2).to_json()
+    config = GroupConfig("h", 4, 2, generation=7)
+    assert config.to_json().endswith(',"GN":7}')
+    assert GroupConfig.from_json(config.to_json()).generation == 7
+
+
+@pytest.mark.parametrize("generation", [-1, MAX_GENERATION + 1, "2", True])
+def test_a_generation_outside_its_range_is_refused_naming_gn(generation: object) -> None:
+    with pytest.raises(GroupConfigError, match=r"^GN \(size generation\): "):
+        GroupConfig("h", 4, 2, generation=generation)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("replicas", [0, MAX_REPLICAS + 1, "3", True])

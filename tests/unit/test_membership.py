@@ -70,10 +70,21 @@ states = st.sampled_from(list(MemberState))
     states,
     st.dictionaries(st.integers(0, 999), st.text(max_size=8), max_size=5),
     st.frozensets(st.integers(0, 999), max_size=5),
+    st.integers(0, 65535),
 )
-def test_heartbeats_round_trip(member, state, owns, wants) -> None:
-    heartbeat = Heartbeat(member, state, owns, wants)
+def test_heartbeats_round_trip(member, state, owns, wants, generation) -> None:
+    heartbeat = Heartbeat(member, state, owns, wants, generation)
     assert Heartbeat.decode(heartbeat.encode()) == heartbeat
+
+
+def test_a_heartbeat_without_a_generation_runs_the_first_one() -> None:
+    assert Heartbeat.decode(b'{"m": "a", "st": "active"}').generation == 0
+
+
+@pytest.mark.parametrize("generation", [b"-1", b'"2"', b"true", b"1.5", b"null"])
+def test_a_bad_generation_is_a_malformed_heartbeat(generation: bytes) -> None:
+    with pytest.raises(MalformedMessage, match="generation"):
+        Heartbeat.decode(b'{"m": "a", "st": "active", "g": ' + generation + b"}")
 
 
 @given(st.binary(max_size=200))

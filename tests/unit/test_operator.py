@@ -20,12 +20,14 @@ from lbg.operator import (
     OverrideBook,
     OverrideGossip,
     Probe,
+    Resized,
     assign_with_overrides,
     check_move,
     decode_control,
     encode_gossip,
     encode_move,
     encode_probe,
+    encode_resized,
     group_status,
     routes,
 )
@@ -39,8 +41,9 @@ class Clock:
         return self.now
 
 
-def beat(member: str, state=MemberState.ACTIVE, owns=(), wants=()) -> Heartbeat:
-    return Heartbeat(member, state, {q: f"pin-{member}-{q}" for q in owns}, frozenset(wants))
+def beat(member: str, state=MemberState.ACTIVE, owns=(), wants=(), generation=0) -> Heartbeat:
+    pins = {q: f"pin-{member}-{q}" for q in owns}
+    return Heartbeat(member, state, pins, frozenset(wants), generation)
 
 
 # --- control messages -------------------------------------------------------------------------
@@ -58,7 +61,8 @@ def test_gossip_and_probe_round_trip_and_are_not_heartbeats() -> None:
     gossip = encode_gossip("c", overrides, {1: 0.5})
     assert decode_control(gossip) == OverrideGossip("c", overrides, ((1, 0.5),))
     assert decode_control(encode_probe("lbg")) == Probe("lbg")
-    for body in (gossip, encode_probe("lbg")):
+    assert decode_control(encode_resized(3)) == Resized(3)
+    for body in (gossip, encode_probe("lbg"), encode_resized(3)):
         with pytest.raises(MalformedMessage):
             Heartbeat.decode(body)
 
@@ -86,6 +90,9 @@ def test_anything_else_is_left_to_the_heartbeat_decoder(body: bytes) -> None:
         b'{"overrides": {}, "dropped": {"1": "x"}, "from": "a"}',
         b'{"overrides": {}, "dropped": [], "from": "a"}',
         b'{"probe": 1}',
+        b'{"resized": -1}',
+        b'{"resized": "2"}',
+        b'{"resized": true}',
     ],
 )
 def test_a_malformed_operator_message_is_rejected(body: bytes) -> None:
@@ -243,14 +250,53 @@ class FakeBroker:
         self.sent.append(body)
 
 
-def coordinator(clock: Clock, active: tuple[int, ...] = ()):
+def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
     broker = FakeBroker()
     bindings = {q: FakeBinding(q, q in active) for q in range(4)}
     released: list[int] = []
     coord = Coordinator(
-        broker, "g", "me", bindings, released.append, interval=0.15, lease=0.7, clock=clock
+        broker,
+        "g",
+        "me",
+        bindings,
+        released.append,
+        interval=0.15,
+        lease=0.7,
+        clock=clock,
+        **kwargs,
     )
     return coord, broker, bindings, released
+
+
+def test_a_member_hears_of_a_newer_size_from_a_heartbeat_or_cg_admin() -> None:
+    heard: list[int] = []
+    coord, _broker, _bindings, _released = coordinator(
+        Clock(), generation=1, on_newer_generation=heard.append
+    )
+    coord._receive(beat("other", generation=1).encode())
+    coord._receive(beat("old", generation=0).encode())
+    assert heard == [], "only a newer generation than its own asks for the config"
+    coord._receive(beat("other", generation=2).encode())
+    coord._receive(encode_resized(3))
+    assert heard == [2, 3]
+
+
+def test_an_adopted_size_spans_the_assignment_and_travels_in_the_heartbeats() -> None:
+    clock = Clock()
+    coord, broker, bindings, _released = coordinator(clock, active=(0, 1, 2, 3))
+    coord._receive(beat("other").encode())
+    assert sorted(coord.desired) == [0, 1, 2, 3]
+    bindings.update({q: FakeBinding(q) for q in range(4, 8)})
+    coord.adopt(1, 8)
+    assert sorted(coord.desired) == list(range(8))
+    assert sorted(coord.desired.values()).count("other") == 4, "the new queues go to the idle peer"
+    asyncio.run(coord.tick())
+    assert Heartbeat.decode(broker.sent[-1]).generation == 1
+    del bindings[3], bindings[2]
+    for q in range(4, 8):
+        del bindings[q]
+    coord.adopt(2, 2)
+    assert sorted(coord.desired) == [0, 1]
 
 
 def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> None:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from lbg.destinations import Destination, OutputKind
 from lbg.group import GroupConfig
@@ -67,6 +68,16 @@ class OutputMessage:
     body: bytes
     headers: Mapping[str, str]
     at: float | None = None  # epoch seconds the broker stored it (or it was sent), if known
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """What a run-time resize did: the group's config before and after it, and the last
+    global position still read under the old size."""
+
+    before: GroupConfig
+    after: GroupConfig
+    switch_position: int
 
 
 StateListener = Callable[[int, bool], None]
@@ -181,6 +192,10 @@ class EpochBinding(QueueBinding):
 class Broker(abc.ABC):
     """Everything the daemons need from a broker: the group store, publishing, consuming."""
 
+    # True where a group's queue count can change at run time (resize_group); the clients of
+    # such a group follow its config and add or retire queues as it changes.
+    resizable: ClassVar[bool] = False
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Flush pending work and disconnect."""
@@ -211,6 +226,14 @@ class Broker(abc.ABC):
         """One line saying how to give a publisher least privilege on this broker instead."""
         return PUBLISHER_USERS_ELSEWHERE.get(
             type(self).__name__, "this broker's users are not managed by cg-admin"
+        )
+
+    async def resize_group(self, name: str, queue_count: int) -> Resize:
+        """Give a running group `queue_count` queues, as its config's next generation (GN);
+        only a `resizable` broker can."""
+        raise BrokerError(
+            f"group '{name}': only Message DB groups (postgresql:// URLs) can be resized at run "
+            "time; on this broker a group's queues are fixed when it is created"
         )
 
     @abc.abstractmethod

@@ -25,6 +25,7 @@ from lbg.cli.common import (
 )
 from lbg.group import GroupConfig, validate_group_name
 from lbg.hashing import HASH_FUNCTIONS
+from lbg.operator import resize_group
 from lbg.settings import AdminConfig
 
 CLIENT_PASSWORD_ENV = "LBG_CLIENT_PASSWORD"
@@ -233,20 +234,21 @@ def delete(ctx: click.Context, group: str) -> None:
 @click.pass_context
 def resize(ctx: click.Context, group: str, queue_count: int) -> None:
     """Message DB only: change a running group's QC. Events up to now are read under the old
-    size, later ones under the new; the new members start once the old ones are drained."""
+    size, later ones under the new; the new members start once the old ones are drained.
+    Running clients follow: they hear of the new size at once and bind or retire queues."""
     settings = _settings(ctx, name=group)
     with one_line_errors():
         validate_group_name(group)
 
     async def action(broker: Broker) -> int:
-        resize_group = getattr(broker, "resize_group", None)
-        if resize_group is None:
-            fail("resize: only Message DB groups (postgresql:// URLs) can be resized at run time")
-        old, position = await resize_group(group, queue_count)
+        done, not_told = await resize_group(broker, group, queue_count)
         click.echo(
-            f"group '{group}': QC {old} -> {queue_count} after global position {position}; "
-            "clients started from now on bind the new size"
+            f"group '{group}': QC {done.before.queue_count} -> {done.after.queue_count} after "
+            f"global position {done.switch_position} (generation {done.after.generation}); "
+            "running clients follow it"
         )
+        if not_told:
+            click.echo(f"note: clients not told at once ({not_told}); they read it within seconds")
         return 0
 
     run(lambda _stop: _with_broker(settings, action))

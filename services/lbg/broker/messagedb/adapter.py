@@ -31,6 +31,7 @@ from lbg.broker.base import (
     PublishError,
     QueueBinding,
     QueueStatus,
+    Resize,
     StateListener,
 )
 from lbg.broker.messagedb import generations, naming
@@ -84,6 +85,8 @@ def control_channel(group: str) -> str:
 
 class MessageDbBroker(Broker):
     """The broker interface on one PostgreSQL database with Message DB installed."""
+
+    resizable = True
 
     def __init__(self, settings: BrokerSettings, name: str) -> None:
         self._dsn = settings.url
@@ -371,9 +374,8 @@ class MessageDbBroker(Broker):
             on_change=on_change,
         )
 
-    async def resize_group(self, name: str, queue_count: int) -> tuple[int, int]:
-        """Switch the group to `queue_count` members at the current position (generations.py);
-        returns the old size and the switch position."""
+    async def resize_group(self, name: str, queue_count: int) -> Resize:
+        """Switch the group to `queue_count` members at the current position (generations.py)."""
         try:
             async with self.pool.acquire() as conn:
                 result = await generations.resize(conn, name, queue_count)

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 import asyncpg
 import orjson
 
-from lbg.broker.base import BrokerError
+from lbg.broker.base import BrokerError, Resize
 from lbg.broker.messagedb import naming
-from lbg.group import GroupConfig
-
-MAX_GENERATIONS = 65535  # the generation shares the lock's second int4 key with the member
+from lbg.group import MAX_GENERATION, GroupConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +96,9 @@ async def drained(
     return position is None or position > generation.end
 
 
-async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> tuple[int, int]:
-    """Record a switch to `queue_count` members at the category's newest position; returns
-    (old size, switch position). Events written afterwards get higher positions."""
+async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> Resize:
+    """Record a switch to `queue_count` members at the category's newest position, as the
+    config's next generation (GN). Events written afterwards get higher positions."""
     async with conn.transaction():
         row = await conn.fetchrow(
             "SELECT type, position, data FROM message_store.get_last_stream_message($1)",
@@ -114,14 +112,16 @@ async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> tupl
                 f"cannot resize group '{group}' to QC (queue count) {queue_count}: it must divide "
                 f"HC (hash count) {config.hash_count}, so every stream keeps its bucket's member"
             )
-        if int(row["position"]) + 1 >= MAX_GENERATIONS:
-            raise BrokerError(f"group '{group}' was resized {MAX_GENERATIONS} times already")
+        if int(row["position"]) + 1 > MAX_GENERATION:
+            raise BrokerError(f"group '{group}' was resized {MAX_GENERATION} times already")
         category = naming.event_category(config.hash_prefix)
         await conn.execute("SELECT message_store.acquire_lock($1)", f"{category}-resize")
         switch = await conn.fetchval(
             "SELECT COALESCE(max(global_position), 0) FROM message_store.messages"
         )
-        new = dataclasses.replace(config, queue_count=queue_count)
+        new = dataclasses.replace(
+            config, queue_count=queue_count, generation=int(row["position"]) + 1
+        )
         await conn.execute(
             "SELECT message_store.write_message($1, $2, 'Resized', $3::jsonb, $4::jsonb, $5)",
             str(uuid.uuid4()),
@@ -130,4 +130,4 @@ async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> tupl
             orjson.dumps({"position": switch, "previous_queue_count": config.queue_count}).decode(),
             int(row["position"]),
         )
-    return config.queue_count, int(switch)
+    return Resize(config, new, int(switch))
