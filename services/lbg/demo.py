@@ -1,7 +1,8 @@
 """The main job: the original blog's scenario, end to end, on real daemon processes.
 
 2 clients -> kill -9 one -> restart it -> add a 3rd and a 4th -> (dynamic mode: stall one
-with SIGSTOP, then wake it) -> scale down to 1 -> stop publishing -> drain -> report.
+with SIGSTOP, then wake it) -> (a resizable broker: double the group's queues under the running
+clients) -> scale down to 1 -> stop publishing -> drain -> report.
 The validator runs in this process so the timeline of which client serves which queue can be
 printed as it changes.
 """
@@ -20,6 +21,7 @@ from lbg.broker import connect_broker
 from lbg.group import GroupConfig
 from lbg.liveview import LiveView, serve_live_view
 from lbg.local import LocalDeployment
+from lbg.operator import resize_group
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator, wait_until_complete
@@ -104,7 +106,8 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
             run_validator(broker, DEMO_GROUP, validator, stop_validator, progress_interval=0)
         )
         dynamic = options.mode == "dynamic"
-        phase = options.duration / (6 if dynamic else 5)
+        grow = broker.resizable and config.hash_count % (2 * config.queue_count) == 0
+        phase = options.duration / ((6 if dynamic else 5) + grow)
 
         def start_client(index: int) -> None:
             name = client_name(index)
@@ -144,6 +147,15 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
             timeline.say("wake client-2 (SIGCONT): it must fence itself, then rejoin")
             local.daemons[client_name(2)].send(signal.SIGCONT)
             await _phase(timeline, validator, phase / 2)
+
+        if grow:
+            done, not_told = await resize_group(broker, DEMO_GROUP, 2 * config.queue_count)
+            timeline.say(
+                f"resize the group: QC {done.before.queue_count} -> {done.after.queue_count} "
+                f"after position {done.switch_position}; the running clients follow"
+                + (f" (not told at once: {not_told})" if not_told else "")
+            )
+            await _phase(timeline, validator, phase)
 
         timeline.say("scale down to 1 client (SIGTERM client-1, client-2, client-3)")
         for index in (1, 2, 3):
