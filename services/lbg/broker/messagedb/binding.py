@@ -27,7 +27,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -37,6 +36,7 @@ from lbg.aio import cancel_and_wait
 from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
 from lbg.broker.messagedb import generations, naming
 from lbg.broker.messagedb.generations import Generation
+from lbg.broker.messagedb.positions import Positions
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,7 @@ class MessageDbBinding(EpochBinding):
         self._holding = False
         self._pid: int | None = None
         self._next = 1
-        self._pending: deque[int] = deque()
-        self._acked: set[int] = set()
-        self._done = 0
-        self._fetched = 0
-        self._recorded = 0
+        self._positions = Positions()
         self._last_flush = 0.0
         self._free_seen = 0
         self._running = asyncio.Event()
@@ -170,12 +166,8 @@ class MessageDbBinding(EpochBinding):
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
-        self._acked.add(int(delivery.token))  # type: ignore[call-overload]
-        while self._pending and self._pending[0] in self._acked:
-            position = self._pending.popleft()
-            self._acked.discard(position)
-            self._done = position
-        if time.monotonic() - self._last_flush >= FLUSH_SECONDS or not self._pending:
+        self._positions.ack(int(delivery.token))  # type: ignore[call-overload]
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS or not self._positions.outstanding:
             self._wake.set()
         return True
 
@@ -214,8 +206,7 @@ class MessageDbBinding(EpochBinding):
         """Stop owning the member now: nothing delivered so far is processed or acked; the
         loop records what was acked before and frees the lock."""
         self._new_epoch()
-        self._pending.clear()
-        self._acked.clear()
+        self._positions.forget_unacked()
         self._set_active(False, reason)
         self._wake.set()
 
@@ -254,15 +245,16 @@ class MessageDbBinding(EpochBinding):
             self._holding = False
 
     async def _record(self, conn: asyncpg.Connection) -> None:
-        if self._done > self._recorded and self._stint is not None:
+        position = self._positions.due()
+        if position is not None and self._stint is not None:
             generation, member = self._stint
             await conn.execute(
                 "SELECT message_store.write_message($1, $2, 'Recorded', $3::jsonb)",
                 str(uuid.uuid4()),
                 generations.position_stream(self._hash_prefix, member, generation.index),
-                orjson.dumps({"position": self._done}).decode(),
+                orjson.dumps({"position": position}).decode(),
             )
-            self._recorded = self._done
+            self._positions.wrote(position)
         self._last_flush = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -300,7 +292,7 @@ class MessageDbBinding(EpochBinding):
                 return await self._take(conn)
             if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
                 await self._record(conn)
-            if len(self._pending) >= MAX_OUTSTANDING:
+            if self._positions.outstanding >= MAX_OUTSTANDING:
                 return self._poll
             return await self._read(conn)
 
@@ -368,13 +360,10 @@ class MessageDbBinding(EpochBinding):
             self._holding = False
             self._stint = None
             return 0.0
-        self._recorded = self._done = await generations.recorded(
-            conn, self._hash_prefix, member, generation
+        self._positions.start(
+            await generations.recorded(conn, self._hash_prefix, member, generation)
         )
-        self._next = self._done + 1
-        self._fetched = self._done
-        self._pending.clear()
-        self._acked.clear()
+        self._next = self._positions.done + 1
         self._last_flush = time.monotonic()
         where = f"member {member} of {generation.size}, from position {self._next}"
         self._set_active(True, f"holds the member lock ({where})")
@@ -405,8 +394,7 @@ class MessageDbBinding(EpochBinding):
             if end is not None and position > end:
                 break
             subject, headers = naming.decode_metadata(row["metadata"])
-            self._pending.append(position)
-            self._fetched = position
+            self._positions.hand_out(position)
             self._next = position + 1
             taken += 1
             self._buffer.put_nowait(
@@ -424,14 +412,14 @@ class MessageDbBinding(EpochBinding):
         if end is not None:
             # Nothing at or below the switch position can appear any more: all of it was read.
             self._next = max(self._next, end + 1)
-        if end is not None and not self._pending and self._done >= self._fetched:
+        if end is not None and self._positions.all_acked:
             await self._record(conn)
             await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
             self._holding = False
             self._stint = None
             self._lose(
                 f"member {member} of {generation.size} drained up to position {end} "
-                f"(recorded {self._recorded})"
+                f"(recorded {self._positions.recorded})"
             )
             return 0.0
         return self._poll
