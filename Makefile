@@ -40,7 +40,7 @@ $(POSTGRES_INITDB):
 
 test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(ARGS)
 
 test-solace: $(STAMP)  ## the behaviour suite on a real Solace broker: needs LBG_TEST_SOLACE_* (README)
 	LBG_TEST_BROKERS=solace $(BIN)/python -m pytest -m "solace or not slow" tests/integration $(ARGS)

@@ -145,9 +145,34 @@ NOT_APPLICABLE = {
 }
 
 
+# `make test` runs on two xdist workers (-n 2 --dist loadgroup). The integration tests whose
+# outcome depends on timing (failover, handover, load, soak, demo) share one group, so one
+# worker runs them one after another and they never compete with each other for the two
+# cores; the other worker takes the unit and deploy tests and these integration files, which
+# check functions (create, permissions, TLS, start-up, hashing) with generous time bounds.
+# Every other file is a group of its own, so its module fixtures (the Ansible runs) run once.
+BESIDE_THE_TIMED_TESTS = {
+    "test_admin.py",
+    "test_diagnostics.py",
+    "test_embedded.py",
+    "test_hash_cli.py",
+    "test_messagedb_hash.py",
+    "test_publisher_identity.py",
+    "test_rabbitmq_identity.py",
+    "test_security_nats.py",
+    "test_security_rabbitmq.py",
+    "test_startup.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker and xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.name in NOT_APPLICABLE:
             item.add_marker(pytest.mark.skip(reason=NOT_APPLICABLE[item.name]))
         if item.name in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        timed = item.path.parent.name == "integration" and (
+            item.path.name not in BESIDE_THE_TIMED_TESTS
+        )
+        item.add_marker(pytest.mark.xdist_group("timed" if timed else item.path.name))

@@ -215,9 +215,10 @@ def test_a_missing_ca_file_is_named_in_one_line(secure_nats: SecureNats, tmp_pat
     config.write_text(f'[broker]\ntls_ca_file = "{tmp_path / "nope.pem"}"\n', encoding="utf-8")
     result = secure_nats.admin("list", config=config)
     assert result.returncode == 2
-    assert result.stderr.strip().endswith(
-        f'[broker] tls_ca_file: no such file "{tmp_path}/nope.pem"'
-    )
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # A long value is shortened in the message: check the key and the path's beginning.
+    shown = f'[broker] tls_ca_file: no such file "{str(tmp_path / "nope.pem")[:40]}'
+    assert shown in result.stderr, result.stderr
 
 
 async def client_attempts(secure: SecureNats) -> dict[str, str]:
