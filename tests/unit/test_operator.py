@@ -1,6 +1,7 @@
 """Planned moves and the operator's view: control messages, overrides, assignment, status."""
 
 import asyncio
+import dataclasses
 
 import pytest
 from hypothesis import given
@@ -419,6 +420,16 @@ def test_status_of_a_static_group_shows_the_brokers_active_clients() -> None:
     assert [q.serving for q in status.queues] == ["s0", "s1", None, None]
     assert [q.assigned for q in status.queues] == [None] * 4
     assert "no dynamic members heard" in status.to_text()
+
+
+def test_status_shows_a_resized_groups_generation_and_the_members_behind_it() -> None:
+    resized = dataclasses.replace(CONFIG, generation=2)
+    heartbeats = {"a": beat("a", owns=[0, 1], generation=2), "b": beat("b", generation=1)}
+    lines = group_status("g", resized, statuses({}), heartbeats, OverrideBook(), 0.5).to_text()
+    assert "generation 2" in lines.splitlines()[0]
+    member_lines = {line.split()[0]: line for line in lines.splitlines() if line.startswith("  ")}
+    assert "(runs generation 1)" in member_lines["b"]
+    assert "runs generation" not in member_lines["a"]
 
 
 def test_status_marks_moving_draining_idle_and_pinned_queues() -> None:
