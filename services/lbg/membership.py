@@ -59,13 +59,14 @@ class Heartbeat:
                 state=MemberState(obj["st"]),
                 owns={int(q): str(pin) for q, pin in obj.get("o", {}).items()},
                 wants=frozenset(int(q) for q in obj.get("w", [])),
-                generation=_generation(obj.get("g", 0)),
+                generation=parse_generation(obj.get("g", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
 
 
-def _generation(value: object) -> int:
+def parse_generation(value: object) -> int:
+    """A config generation as sent in a control message: an integer >= 0, else ValueError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"generation must be an integer >= 0, got {value!r}")
     return value

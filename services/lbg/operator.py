@@ -46,7 +46,7 @@ import orjson
 from lbg.assignment import balanced_assignment
 from lbg.broker.base import Broker, BrokerError, QueueStatus, Resize
 from lbg.group import GroupConfig
-from lbg.membership import Heartbeat, MemberState
+from lbg.membership import Heartbeat, MemberState, parse_generation
 from lbg.messages import MalformedMessage, check_key
 from lbg.settings import (
     BrokerSettings,
@@ -208,10 +208,10 @@ def decode_control(body: bytes) -> ControlMessage | None:
             raise MalformedMessage("bad probe: expected its sender")
         return Probe(obj[PROBE])
     if RESIZED in obj:
-        generation = obj[RESIZED]
-        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-            raise MalformedMessage(f"bad resized: generation {generation!r}")
-        return Resized(generation)
+        try:
+            return Resized(parse_generation(obj[RESIZED]))
+        except ValueError as exc:
+            raise MalformedMessage(f"bad resized: {exc}") from None
     return None
 
 
