@@ -48,11 +48,11 @@ async def create_group(settings: BrokerSettings) -> str:
 
 
 async def rows_in_order(table: pa.Table) -> Any:
-    """(key, row) in the order the replay publishes them: order column, then key."""
+    """(key, row as JSON) in the order the replay publishes them: order column, then key."""
     ordered = table.sort_by([(ORDER_COLUMN, "ascending"), (KEY_COLUMN, "ascending")])
     for batch in ordered.to_batches(max_chunksize=10_000):
         for row in batch.to_pylist():
-            yield row[KEY_COLUMN], row
+            yield row[KEY_COLUMN], orjson.dumps(row)
         await asyncio.sleep(0)
 
 

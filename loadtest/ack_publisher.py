@@ -26,7 +26,7 @@ from lbg.broker import connect_broker
 from lbg.broker.base import Broker, PublishError
 from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.group import GroupConfig
-from lbg.messages import Event, encode_event, encode_summaries
+from lbg.messages import encode_summaries, event_headers
 from lbg.publisher import RETRIES
 from lbg.settings import BrokerSettings
 
@@ -42,22 +42,23 @@ class AckPublisher:
 
     async def handle(self, request: dict[str, Any]) -> None:
         """Publish one event; answer with the time until the broker's ack, or the error."""
-        event = Event(request["k"], request["s"], request.get("d"), time.time())
-        bucket = self._config.bucket_for_key(event.key)
-        destination = event_destination(self._config.hash_prefix, bucket, event.key)
-        body = encode_event(event)
+        key, seq = request["k"], request["s"]
+        bucket = self._config.bucket_for_key(key)
+        destination = event_destination(self._config.hash_prefix, bucket, key)
+        body = b"" if request.get("d") is None else orjson.dumps(request["d"])
+        headers = event_headers(seq, time.time())
         started = time.perf_counter()
         error = None
         for attempt in range(RETRIES + 1):
             try:
-                await self._broker.publish(destination, body)
+                await self._broker.publish(destination, body, headers)
             except PublishError as exc:
                 error = str(exc)
                 if attempt < RETRIES:
                     await asyncio.sleep(min(0.1 * 2**attempt, 5.0))
             else:
                 error = None
-                self.last_seq[event.key] = max(self.last_seq.get(event.key, 0), event.seq)
+                self.last_seq[key] = max(self.last_seq.get(key, 0), seq)
                 break
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         answer = {"i": request["i"], "ms": elapsed_ms, "n": len(body), "e": error}

@@ -26,11 +26,18 @@ from lbg.aio import cancel_and_wait
 from lbg.assignment import is_primary
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
 from lbg.coordinator import Coordinator
-from lbg.destinations import OutputKind, output_destination
+from lbg.destinations import EventAddress, OutputKind, output_destination
 from lbg.group import GroupConfig
 from lbg.handlers import AsyncHandler, Context, Hooks
+from lbg.hashing import HashKeyError
 from lbg.lanes import KeyLanes
-from lbg.messages import Event, MalformedMessage, decode_event
+from lbg.messages import (
+    REASON_HEADER,
+    Event,
+    MalformedMessage,
+    dead_letter_headers,
+    read_event,
+)
 from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
 
 log = logging.getLogger(__name__)
@@ -39,7 +46,7 @@ POLL_SECONDS = 0.2
 STANDBY_DELAY = 0.5
 CONFIG_CHECK_SECONDS = 2.0
 CONFIG_READ_GAP = 0.2
-REASON_CHARS = 500
+MISROUTED_KEYS_LOGGED = 1000
 LEASE_LAPSED = "a delivery came while this member's lease had lapsed"
 EARLIER_EVENT_FAILED = "an earlier event of the same key did not complete"
 
@@ -64,11 +71,8 @@ class ClientStats:
     handler_errors: int = 0
     fenced: int = 0
     handovers: int = 0
+    wrong_bucket: int = 0
     active: set[int] = field(default_factory=set)
-
-
-def _header_value(text: str) -> str:
-    return " ".join(text.split())[:REASON_CHARS]
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class LbgClient:
         self._busy: dict[object, float] = {}
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
+        self._misrouted: set[str] = set()
         self.stats = ClientStats()
 
     def metric_families(self) -> Iterator[Family]:
@@ -131,6 +136,12 @@ class LbgClient:
         yield counter("lbg_client_fenced", "Deliveries dropped: ownership lost first.", g, s.fenced)
         yield counter(
             "lbg_client_handovers", "Queues this client became active on.", g, s.handovers
+        )
+        yield counter(
+            "lbg_client_wrong_bucket",
+            "Events whose topic's bucket is not the group's hash of their key.",
+            g,
+            s.wrong_bucket,
         )
         yield gauge("lbg_client_queues_active", "Queues this client serves now.", g, len(s.active))
         yield gauge(
@@ -339,15 +350,16 @@ class LbgClient:
                 continue
             await self._announce(binding, lanes, active=True)
             try:
-                event = decode_event(delivery.body)
+                address = self._broker.event_address(delivery.subject)
+                event = read_event(address.key, delivery.body, delivery.headers)
             except MalformedMessage as exc:
                 await lanes.submit(
-                    "", partial(self._reject, binding, delivery, f"malformed message: {exc}")
+                    "", partial(self._reject, binding, delivery, f"malformed message: {exc}", None)
                 )
                 continue
             await lanes.submit(
                 event.key,
-                partial(self._process, binding, delivery, event),
+                partial(self._process, binding, delivery, event, self._bucket_of(address)),
                 partial(self._give_back, binding, delivery, EARLIER_EVENT_FAILED),
             )
         await lanes.drain()
@@ -376,19 +388,46 @@ class LbgClient:
             except Exception as exc:
                 log.warning("queue %d: %s hook failed: %r", queue, hook.__name__, exc)
 
-    async def _reject(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
+    def _bucket_of(self, address: EventAddress) -> int:
+        """The bucket the event was published to; a bucket that is not the group's hash of the
+        key (a producer hashing differently) is counted, and logged once per key."""
+        try:
+            expected = self._config.bucket_for_key(address.key)
+        except HashKeyError:
+            expected = None
+        if address.bucket is None and expected is not None:
+            return expected
+        if address.bucket != expected:
+            self.stats.wrong_bucket += 1
+            if len(self._misrouted) < MISROUTED_KEYS_LOGGED and address.key not in self._misrouted:
+                self._misrouted.add(address.key)
+                log.warning(
+                    "key %r came in bucket %s, but the group's %s hash puts it in %s: its "
+                    "producer hashes differently (processed in order anyway)",
+                    address.key[:80],
+                    address.bucket,
+                    self._config.hash_function,
+                    expected,
+                )
+        return address.bucket if address.bucket is not None else 0
+
+    async def _reject(
+        self, binding: QueueBinding, delivery: Delivery, reason: str, key: str | None
+    ) -> bool:
         """Dead-letter a message that cannot be processed, then ack it."""
-        if await self._dead_letter(binding, delivery, reason):
+        if await self._dead_letter(binding, delivery, reason, key):
             return await self._complete(binding, delivery)
         return self._abandon(binding)
 
-    async def _process(self, binding: QueueBinding, delivery: Delivery, event: Event) -> bool:
+    async def _process(
+        self, binding: QueueBinding, delivery: Delivery, event: Event, bucket: int
+    ) -> bool:
         """Run the handler (with retries, then dead-letter) and ack; False if not completed."""
         context = Context(
             group=self._group,
             client=self.client_id,
             queue=binding.queue,
-            bucket=self._config.bucket_for_key(event.key),
+            bucket=bucket,
             redelivered=delivery.redelivered,
             broker=self._broker,
         )
@@ -408,12 +447,12 @@ class LbgClient:
                 self.stats.handler_errors += 1
                 if attempt > self._retries:
                     return await self._reject(
-                        binding, delivery, f"handler failed {attempt} times: {exc!r}"
+                        binding, delivery, f"handler failed {attempt} times: {exc!r}", event.key
                     )
                 log.warning(
-                    "queue %d: handler failed on %s seq %d (attempt %d): %r",
+                    "queue %d: handler failed on key %r seq %s (attempt %d): %r",
                     binding.queue,
-                    event.key,
+                    event.key[:80],
                     event.seq,
                     attempt,
                     exc,
@@ -447,17 +486,22 @@ class LbgClient:
             binding.fence("a message could not be completed")
         return False
 
-    async def _dead_letter(self, binding: QueueBinding, delivery: Delivery, reason: str) -> bool:
-        """Park a message with its reason on the dead-letter destination; True once confirmed."""
+    async def _dead_letter(
+        self, binding: QueueBinding, delivery: Delivery, reason: str, key: str | None
+    ) -> bool:
+        """Park a message, its body and headers as they came, with the reason and its key on
+        the dead-letter destination; True once confirmed."""
         if not binding.owns(delivery):
             return False
-        headers = {
-            "Lbg-Reason": _header_value(reason),
-            "Lbg-Subject": _header_value(delivery.subject),
-            "Lbg-Client": self.client_id,
-            "Lbg-Queue": str(binding.queue),
-            "Lbg-Time": f"{time.time():.3f}",
-        }
+        headers = dead_letter_headers(
+            delivery.headers,
+            reason,
+            delivery.subject,
+            key,
+            client=self.client_id,
+            queue=str(binding.queue),
+            dead_at=f"{time.time():.3f}",
+        )
         try:
             await self._broker.publish(
                 output_destination(self._group, OutputKind.DEAD), delivery.body, headers
@@ -469,7 +513,7 @@ class LbgClient:
             await asyncio.sleep(self._backoff)
             return False
         self.stats.dead_lettered += 1
-        log.warning("queue %d: dead-lettered a message: %s", binding.queue, _header_value(reason))
+        log.warning("queue %d: dead-lettered a message: %s", binding.queue, headers[REASON_HEADER])
         return True
 
 

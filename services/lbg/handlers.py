@@ -1,7 +1,9 @@
 """Message handlers: the default republish-for-validation handler and loading a user's own.
 
-A handler is `handler(event, context)`, sync or async. A sync handler runs in a worker
-thread, so a slow one cannot stall the event loop that keeps this client's queues alive.
+A handler is `handler(event, context)`, sync or async: `event` is a `lbg.messages.Event` (the
+key, the body as the producer sent it, its headers, our sequence and publish time when set).
+A sync handler runs in a worker thread, so a slow one cannot stall the event loop that keeps
+this client's queues alive.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class HandlerLoadError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What a handler knows about the message it is given."""
+    """What a handler knows about the message it is given: the queue and bucket it came from,
+    and whether the broker delivered it before."""
 
     group: str
     client: str

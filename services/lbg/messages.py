@@ -1,17 +1,27 @@
 """The one wire format every daemon shares: events, processed records, summaries, dead letters.
 
-Payloads are compact JSON (orjson). Short keys keep messages small on the hot path.
+An event's key travels in its destination and its body belongs to the producer: our own
+metadata (the key's sequence, the publish time) is optional and travels in `Lbg-*` headers.
+The group's own records (processed, summaries) are compact JSON (orjson).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
 MAX_MESSAGE_BYTES = 1024 * 1024
+SEQ_HEADER = "Lbg-Seq"
+TIME_HEADER = "Lbg-Time"
+KEY_HEADER = "Lbg-Key"
+REASON_HEADER = "Lbg-Reason"
+SUBJECT_HEADER = "Lbg-Subject"
+REASON_CHARS = 500
 MAX_KEY_BYTES = 200
 SUMMARY_CHUNK_BYTES = 256 * 1024
 SHOWN_CHARS = 60
@@ -23,21 +33,41 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One keyed event as the publisher sends it: key, per-key sequence (from 1), data, and
-    when it was first published (epoch seconds), which lets the validator measure lag."""
+    """One keyed event as a handler gets it: the key (from the destination), the body exactly as
+    the producer sent it, its headers, and our optional metadata when the producer set it.
+
+    `seq` (the key's sequence number from 1) and `ts` (first publish, epoch seconds) come from
+    the `Lbg-Seq` and `Lbg-Time` headers; events from other producers have neither.
+    """
 
     key: str
-    seq: int
-    data: Any = None
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    seq: int | None = None
     ts: float | None = None
+
+    def json(self) -> Any:
+        """The body parsed as JSON; MalformedMessage if it is not JSON."""
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedMessage(f"body is not valid JSON: {exc}") from None
+
+    def text(self) -> str:
+        """The body as UTF-8 text; MalformedMessage if it is not."""
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessage(f"body is not UTF-8 text: {exc.reason}") from None
 
 
 @dataclass(frozen=True, slots=True)
 class Processed:
-    """What the default handler republishes for the validator: who processed which event."""
+    """What the default handler republishes for the validator: who processed which event
+    (`seq` is None for an event from a producer that does not number its keys)."""
 
     key: str
-    seq: int
+    seq: int | None
     client: str
     queue: int
     bucket: int
@@ -96,35 +126,82 @@ def _load_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def encode_event(event: Event) -> bytes:
-    """Serialise an event for the broker."""
-    document: dict[str, Any] = {"k": event.key, "s": event.seq, "d": event.data}
-    if event.ts is not None:
-        document["t"] = event.ts
-    return orjson.dumps(document)
+def event_headers(seq: int, ts: float, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A producer's own headers plus our metadata: the key's sequence and the publish time."""
+    return {**(headers or {}), SEQ_HEADER: str(seq), TIME_HEADER: f"{ts:.6f}"}
 
 
-def decode_event(body: bytes) -> Event:
-    """Parse an event body, raising MalformedMessage with the reason if it is not one."""
-    obj = _load_object(body)
-    for field in ("k", "s"):
-        if field not in obj:
-            raise MalformedMessage(f"missing field '{field}'")
+def read_event(key: str, body: bytes, headers: Mapping[str, str]) -> Event:
+    """The event of a delivery whose key came from its destination; MalformedMessage (the
+    dead-letter reason) if the body is over the limit or our metadata headers are bad."""
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise MalformedMessage(f"message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    seq = headers.get(SEQ_HEADER)
+    ts = headers.get(TIME_HEADER)
     return Event(
-        key=check_key(obj["k"]), seq=_check_seq(obj["s"]), data=obj.get("d"), ts=_check_ts(obj)
+        key=check_key(key),
+        body=body,
+        headers=headers,
+        seq=None if seq is None else _header_seq(seq),
+        ts=None if ts is None else _header_ts(ts),
     )
+
+
+def _header_seq(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise MalformedMessage(f"{SEQ_HEADER} header must be an integer >= 1, got {_show(text)}")
+    return int(text)
+
+
+def _header_ts(text: str) -> float:
+    try:
+        ts = float(text)
+    except ValueError:
+        ts = math.nan
+    if not math.isfinite(ts):
+        raise MalformedMessage(f"{TIME_HEADER} header must be epoch seconds, got {_show(text)}")
+    return ts
+
+
+def dead_letter_headers(
+    headers: Mapping[str, str], reason: str, subject: str, key: str | None, **where: str
+) -> dict[str, str]:
+    """A dead letter's headers: the event's own (its Lbg-Seq included), the reason, where it
+    came from, its key when known (percent-encoded) and `where` (client, queue) as Lbg-*."""
+    extra = {f"Lbg-{name.title()}": _one_line(value) for name, value in where.items()}
+    document = {**headers, REASON_HEADER: _one_line(reason), SUBJECT_HEADER: _one_line(subject)}
+    if key is not None:
+        document[KEY_HEADER] = quote(key, safe="")
+    return {**document, **extra}
+
+
+def read_dead_letter(headers: Mapping[str, str]) -> tuple[str, int] | None:
+    """The key and sequence of a dead-lettered event, if it had both (None: it had not)."""
+    key, seq = headers.get(KEY_HEADER), headers.get(SEQ_HEADER)
+    if key is None or seq is None:
+        return None
+    try:
+        return check_key(unquote(key, errors="strict")), _header_seq(seq)
+    except (MalformedMessage, UnicodeDecodeError):
+        return None
+
+
+def _one_line(text: str) -> str:
+    """A header value: one line, at most REASON_CHARS characters."""
+    return " ".join(text.split())[:REASON_CHARS]
 
 
 def encode_processed(record: Processed) -> bytes:
     """Serialise a processed record for the validation destination."""
     document: dict[str, Any] = {
         "k": record.key,
-        "s": record.seq,
         "c": record.client,
         "q": record.queue,
         "b": record.bucket,
         "r": record.redelivered,
     }
+    if record.seq is not None:
+        document["s"] = record.seq
     if record.published_at is not None:
         document["t"] = record.published_at
     return orjson.dumps(document)
@@ -136,7 +213,7 @@ def decode_processed(body: bytes) -> Processed:
     try:
         return Processed(
             key=check_key(obj["k"]),
-            seq=_check_seq(obj["s"]),
+            seq=None if obj.get("s") is None else _check_seq(obj["s"]),
             client=str(obj["c"]),
             queue=int(obj["q"]),
             bucket=int(obj["b"]),

@@ -2,27 +2,27 @@
 
 Nothing counts as sent until the broker acknowledged it. At most one publish per key is in
 flight, so a retried publish can never overtake a later event of the same key; many keys
-are in flight at once (up to `window`), which keeps throughput high.
+are in flight at once (up to `window`), which keeps throughput high. The body is the
+producer's; the key's sequence number and publish time travel in headers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 
-from lbg.broker.base import Broker, PublishError
+from lbg.broker.base import Broker, PublishError, UndeliverableKey
 from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.group import GroupConfig
-from lbg.messages import Event, MalformedMessage, check_key, encode_event, encode_summaries
+from lbg.messages import MalformedMessage, check_key, encode_summaries, event_headers
 from lbg.metrics import PUBLISH_SECONDS, Family, counter, gauge
 
 log = logging.getLogger(__name__)
@@ -66,30 +66,38 @@ def generated_keys(count: int) -> list[str]:
     return [f"{uuid.uuid4()}/{uuid.uuid4()}" for _ in range(count)]
 
 
-async def cycle_keys(keys: list[str]) -> AsyncIterator[tuple[str, Any]]:
-    """Round-robin over the keys forever, as the original publisher did."""
+async def cycle_keys(keys: list[str]) -> AsyncIterator[tuple[str, bytes]]:
+    """Round-robin over the keys forever, as the original publisher did (empty bodies)."""
     while True:
         for key in keys:
-            yield key, None
+            yield key, b""
 
 
-def parse_line(line: bytes | str, where: str) -> tuple[str, Any]:
-    """One JSON-lines input record `{"key": ..., "data": ...}`; MalformedMessage names `where`."""
+def parse_line(line: bytes | str, where: str) -> tuple[str, bytes]:
+    """One JSON-lines input record: `{"key": ..., "data": <any JSON>}` (the body is that JSON)
+    or `{"key": ..., "body": "<text>"}` (the body is that text, UTF-8); MalformedMessage
+    names `where`."""
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise MalformedMessage(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(record, dict) or "key" not in record:
         raise MalformedMessage(f'{where}: expected an object with a "key" field')
+    body = record.get("body")
+    if body is not None and not isinstance(body, str):
+        raise MalformedMessage(f'{where}: "body" must be a string, got {type(body).__name__}')
     try:
-        return check_key(record["key"]), record.get("data")
+        key = check_key(record["key"])
     except MalformedMessage as exc:
         raise MalformedMessage(f"{where}: {exc}") from None
+    if body is not None:
+        return key, body.encode()
+    return key, b"" if record.get("data") is None else orjson.dumps(record["data"])
 
 
 async def read_lines(
     stream: BinaryIO, name: str, stats: PublishStats
-) -> AsyncIterator[tuple[str, Any]]:
+) -> AsyncIterator[tuple[str, bytes]]:
     """Events from a JSON-lines byte stream, read in a thread; bad lines are logged and skipped."""
     number = 0
     while True:
@@ -107,7 +115,7 @@ async def read_lines(
                 log.warning("skipped input line: %s", exc)
 
 
-async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, Any]]:
+async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, bytes]]:
     """Events from a JSON-lines file."""
     with Path(path).open("rb") as stream:
         async for item in read_lines(stream, path, stats):
@@ -115,7 +123,11 @@ async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, 
 
 
 class HashedPublisher:
-    """Publishes keyed events to a group with per-key sequence numbers and broker acks."""
+    """Publishes keyed events to a group with per-key sequence numbers and broker acks.
+
+    The body is the caller's bytes, unchanged; the key's sequence number and the publish time
+    travel in the `Lbg-Seq` and `Lbg-Time` headers beside the caller's own headers.
+    """
 
     def __init__(
         self,
@@ -132,26 +144,27 @@ class HashedPublisher:
         self.publisher_id = publisher_id
         self._window = asyncio.Semaphore(max(1, window))
         self._rate = rate
-        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._sequence: dict[str, int] = {}
+        self._in_flight: dict[str, asyncio.Task[bool]] = {}
         self._failure: BaseException | None = None
         self.stats = PublishStats()
 
     async def run(
         self,
-        events: AsyncIterator[tuple[str, Any]],
+        events: AsyncIterator[tuple[str, bytes]],
         count: int = 0,
         duration: float = 0.0,
         stop: asyncio.Event | None = None,
         progress_interval: float = 5.0,
     ) -> PublishStats:
-        """Publish until the events end, `count` or `duration` is reached, or `stop` is set."""
+        """Publish (key, body) pairs until they end, `count` or `duration` is reached, or
+        `stop` is set."""
         stats = self.stats
         stats.started = time.monotonic()
         deadline = stats.started + duration if duration > 0 else None
         next_progress = stats.started + progress_interval
-        sequence: dict[str, int] = {}
         sent = 0
-        async for key, data in events:
+        async for key, body in events:
             now = time.monotonic()
             if (stop is not None and stop.is_set()) or (deadline is not None and now >= deadline):
                 break
@@ -165,14 +178,31 @@ class HashedPublisher:
                 )
                 next_progress = now + progress_interval
             await self._pace(sent)
-            sequence[key] = sequence.get(key, 0) + 1
-            await self._submit(Event(key, sequence[key], data))
+            await self._submit(key, body, None)
             sent += 1
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
-        stats.elapsed = time.monotonic() - stats.started
+        await self.flush()
         if self._failure is not None:
             raise PublishFailed(str(self._failure))
         return stats
+
+    async def publish(
+        self, key: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> int:
+        """Publish one event and return its sequence number once the broker confirmed it.
+
+        Events of one key go out one after another, in call order; other keys' events go
+        concurrently. Raises PublishFailed if the broker never confirmed it (every retry
+        failed), MalformedMessage for an unusable key, UndeliverableKey for one the broker's
+        destinations cannot carry."""
+        seq, task = await self._submit(check_key(key), body, headers)
+        if not await task:
+            raise PublishFailed(str(self._failure or f"key {key[:80]!r} refused by the broker"))
+        return seq
+
+    async def flush(self) -> None:
+        """Wait until every event submitted so far is confirmed or given up."""
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        self.stats.elapsed = time.monotonic() - self.stats.started
 
     async def _pace(self, sent: int) -> None:
         if self._rate > 0:
@@ -180,43 +210,64 @@ class HashedPublisher:
             if delay > 0:
                 await asyncio.sleep(delay)
 
-    async def _submit(self, event: Event) -> None:
-        previous = self._in_flight.get(event.key)
-        if previous is not None:
-            await asyncio.wait([previous])
+    async def _submit(
+        self, key: str, body: bytes, headers: Mapping[str, str] | None
+    ) -> tuple[int, asyncio.Task[bool]]:
+        """Number the event and start its publish, chained after the key's previous one."""
         await self._window.acquire()
-        task = asyncio.create_task(self._publish(event))
-        self._in_flight[event.key] = task
-        task.add_done_callback(lambda _t, key=event.key: self._done(key, _t))
+        seq = self._sequence[key] = self._sequence.get(key, 0) + 1
+        previous = self._in_flight.get(key)
+        task = asyncio.create_task(self._publish(key, seq, body, headers, previous))
+        self._in_flight[key] = task
+        task.add_done_callback(lambda _t, key=key: self._done(key, _t))
+        return seq, task
 
-    def _done(self, key: str, task: asyncio.Task[None]) -> None:
+    def _done(self, key: str, task: asyncio.Task[bool]) -> None:
         self._window.release()
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
 
-    async def _publish(self, event: Event) -> None:
-        bucket = self._config.bucket_for_key(event.key)
-        destination = event_destination(self._config.hash_prefix, bucket, event.key)
-        body = encode_event(dataclasses.replace(event, ts=time.time()))
+    async def _publish(
+        self,
+        key: str,
+        seq: int,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        previous: asyncio.Task[bool] | None,
+    ) -> bool:
+        """Publish after the key's previous event, retrying; True once confirmed. An event
+        whose predecessor failed is not sent: it would overtake it."""
+        if previous is not None:
+            await asyncio.wait([previous])
+            if self._failure is not None:
+                return False
+        bucket = self._config.bucket_for_key(key)
+        destination = event_destination(self._config.hash_prefix, bucket, key)
+        all_headers = event_headers(seq, time.time(), headers)
         delay = 0.1
         for attempt in range(RETRIES + 1):
             started = time.monotonic()
             try:
-                await self._broker.publish(destination, body)
+                await self._broker.publish(destination, body, all_headers)
+            except UndeliverableKey as exc:
+                self.stats.rejected_input += 1
+                log.warning("refused key %r: %s", key[:80], exc)
+                return False
             except PublishError as exc:
                 if attempt == RETRIES:
                     self._failure = exc
-                    log.error("giving up on %s seq %d: %s", event.key, event.seq, exc)
-                    return
+                    log.error("giving up on key %r seq %d: %s", key[:80], seq, exc)
+                    return False
                 self.stats.retried += 1
-                log.warning("publish of %s seq %d failed (%s); retrying", event.key, event.seq, exc)
+                log.warning("publish of key %r seq %d failed (%s); retrying", key[:80], seq, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             else:
                 PUBLISH_SECONDS.labels(self._group).observe(time.monotonic() - started)
                 self.stats.acked += 1
-                self.stats.last_seq[event.key] = event.seq
-                return
+                self.stats.last_seq[key] = seq
+                return True
+        return False
 
     def metric_families(self) -> Iterator[Family]:
         """This publisher's counters for a Prometheus scrape."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import orjson
 import pyarrow as pa
 import uvloop
 
@@ -268,8 +269,8 @@ async def _rows(
     key_column: str,
     stats: PublishStats,
     partition: int,
-) -> AsyncIterator[tuple[str, Any]]:
-    """(key, row) pairs from Arrow batches, read in a thread so acks keep flowing meanwhile."""
+) -> AsyncIterator[tuple[str, bytes]]:
+    """(key, row as JSON) pairs from Arrow batches, read in a thread so acks keep flowing."""
     started = time.monotonic()
     next_progress = started + PROGRESS_SECONDS
     while (batch := await asyncio.to_thread(next, batches, None)) is not None:
@@ -280,7 +281,7 @@ async def _rows(
                 stats.rejected_input += 1
                 log.warning("partition %d: skipped a row: %s", partition, exc)
                 continue
-            yield key, row
+            yield key, orjson.dumps(row)
         now = time.monotonic()
         if now >= next_progress:
             log.info(

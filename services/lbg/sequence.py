@@ -50,6 +50,7 @@ class Report:
     dead_lettered: int
     keys: int
     per_client: dict[str, int] = field(default_factory=dict)
+    unsequenced: int = 0
 
     @property
     def ok(self) -> bool:
@@ -73,6 +74,7 @@ class Report:
             ("reassignments", self.reassignments),
             ("dead-lettered", self.dead_lettered),
             ("keys", self.keys),
+            ("unsequenced", self.unsequenced),
         ]
         lines = [f"{name:<14}{value}" for name, value in rows]
         lines.append("per client:")

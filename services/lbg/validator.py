@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, OutputMessage
 from lbg.destinations import OutputKind
-from lbg.messages import MalformedMessage, decode_event, decode_processed, decode_summary
+from lbg.messages import (
+    REASON_HEADER,
+    MalformedMessage,
+    decode_processed,
+    decode_summary,
+    read_dead_letter,
+)
 from lbg.metrics import Family, gauge
 from lbg.sequence import Observation, Outcome, Report, SequenceChecker
 
@@ -53,6 +59,7 @@ class Validator:
         self.summaries: dict[str, SummaryParts] = {}
         self.dead: dict[str, set[int]] = {}
         self.dead_unparsed = 0
+        self.unsequenced = 0
         self.malformed_records = 0
         self.last_message = time.monotonic()
         self._on_queue_change = on_queue_change
@@ -75,6 +82,9 @@ class Validator:
 
     def _processed(self, message: OutputMessage) -> None:
         record = decode_processed(message.body)
+        if record.seq is None:
+            self.unsequenced += 1
+            return
         if record.published_at is not None and message.at is not None:
             self.key_lag[record.key] = max(0.0, message.at - record.published_at)
         owner = self.checker.queue_owner(record.queue)
@@ -122,15 +132,15 @@ class Validator:
             )
 
     def _dead(self, message: OutputMessage) -> None:
-        reason = message.headers.get("Lbg-Reason", "no reason given")
-        try:
-            event = decode_event(message.body)
-        except MalformedMessage:
+        reason = message.headers.get(REASON_HEADER, "no reason given")
+        numbered = read_dead_letter(message.headers)
+        if numbered is None:
             self.dead_unparsed += 1
-            log.warning("dead letter (unparseable): %s", reason)
+            log.warning("dead letter (no key and sequence): %s", reason)
             return
-        self.dead.setdefault(event.key, set()).add(event.seq)
-        log.warning("dead letter: key %s seq %d: %s", event.key, event.seq, reason)
+        key, seq = numbered
+        self.dead.setdefault(key, set()).add(seq)
+        log.warning("dead letter: key %r seq %d: %s", key[:80], seq, reason)
 
     def published(self) -> dict[str, int] | None:
         """Last sequence per key over all publishers whose summary is complete (None: none yet)."""
@@ -145,7 +155,9 @@ class Validator:
 
     def report(self) -> Report:
         """The current report; `lost` is known once at least one publisher's summary is in."""
-        return self.checker.report(self.published(), self.dead)
+        report = self.checker.report(self.published(), self.dead)
+        report.unsequenced = self.unsequenced
+        return report
 
     @property
     def complete(self) -> bool:
@@ -165,6 +177,7 @@ class Validator:
             "gaps": "Sequence gaps seen (may fill in later).",
             "reassignments": "Times a queue moved to another client.",
             "dead_lettered": "Dead letters seen.",
+            "unsequenced": "Events processed that carried no Lbg-Seq (not order-checked).",
             "keys": "Keys seen.",
         }
         for name, doc in figures.items():

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -19,7 +20,7 @@ from lbg.embedded import free_port
 from lbg.group import GroupConfig
 from lbg.local import LocalDeployment, script
 from lbg.local_brokers import BrokerEndpoint
-from lbg.messages import MAX_MESSAGE_BYTES, decode_event
+from lbg.messages import MAX_MESSAGE_BYTES, SEQ_HEADER, TIME_HEADER, read_dead_letter
 from lbg.settings import BrokerSettings
 
 DAEMONS = ["cg-admin", "hashed-publisher", "lbg-client", "validation-client"]
@@ -163,13 +164,15 @@ def group_config(broker: BrokerEndpoint, group: str) -> GroupConfig:
     return GroupConfig.from_json(orjson.dumps(orjson.loads(listing.stdout)[group]))
 
 
-async def _publish_raw(url: str, group: str, messages: list[tuple[Destination, bytes]]) -> None:
-    """Publish bodies as they are, bypassing the publisher's encoding (through the adapter)."""
+async def _publish_raw(
+    url: str, group: str, messages: list[tuple[Destination, bytes, dict[str, str]]]
+) -> None:
+    """Publish bodies and headers as they are, bypassing the publisher (through the adapter)."""
     broker = await connect_broker(BrokerSettings(url=url), "test-raw")
     try:
         await broker.read_group(group)
-        for destination, body in messages:
-            await broker.publish(destination, body)
+        for destination, body, headers in messages:
+            await broker.publish(destination, body, headers)
     finally:
         await broker.close()
 
@@ -288,42 +291,34 @@ def test_impossible_group_is_one_line_naming_parameter_and_value_and_creates_not
 # --- (b) malformed events are dead-lettered and nothing else stops -----------------------------
 
 
-def _event(**fields: object) -> bytes:
-    return orjson.dumps(fields)
+@dataclass(frozen=True)
+class Malformed:
+    """A message no handler can be given, and the reason its dead letter must carry."""
+
+    key_level: str | None
+    body: bytes
+    headers: dict[str, str]
+    reason: str
 
 
-# Every kind of malformed body, and the reason its dead letter must carry.
-MALFORMED = {
-    b"not json": "not valid JSON",
-    b"": "not valid JSON",
-    b'{"k":"x","s":1': "not valid JSON",
-    b"[1,2]": "expected a JSON object",
-    b"null": "expected a JSON object",
-    b'{"k":"x"}': "missing field 's'",
-    b'{"s":1}': "missing field 'k'",
-    b'{"k":"x","s":0}': "seq must be >= 1",
-    _event(k="x", s=-3): "seq must be >= 1",
-    _event(k="x", s="1"): "seq must be an integer, got str",
-    _event(k="x", s=1.5): "seq must be an integer, got float",
-    _event(k="x", s=True): "seq must be an integer, got bool",
-    _event(k="x", s=[1]): "seq must be an integer, got list",
-    b'{"k":"x","s":99999999999999999999999}': "seq must be an integer, got float",
-    _event(k=7, s=1): "key must be a string, got int",
-    _event(k=None, s=1): "key must be a string, got NoneType",
-    _event(k={"a": 1}, s=1): "key must be a string, got dict",
-    _event(k="", s=1): "key must not be empty",
-    _event(k="k" * 201, s=1): "key of 201 bytes exceeds 200",
-    _event(k="x", s=1, t="yesterday"): "t must be a number",
-    b"\xff\xfe\xc3(": "not valid JSON",
-    b'{"k":"\xed\xa0\x80","s":1}': "not valid JSON",
-    b'{"k":"x","s":1,"d":"\xc0\x80"}': "not valid JSON",
-    b'{"k":"\\ud800","s":1}': "not valid JSON",
-    b'{"k":"x","s":1,"d":' + b"[" * 2000 + b"]" * 2000 + b"}": "not valid JSON",
-    b"\xef\xbb\xbf" + _event(k="x", s=1): "not valid JSON",
-    b'{"k":"x","s":NaN}': "not valid JSON",
-}
+# Each kind of unusable event: our optional metadata headers with bad values, an oversized
+# body, a key over the limit, and (RabbitMQ only: NATS' filter `<HP>.<b>.>` needs a level
+# after the bucket) a topic with no key level at all.
+MALFORMED = [
+    Malformed("x", b"seq-zero", {SEQ_HEADER: "0"}, "Lbg-Seq header must be an integer >= 1"),
+    Malformed("x", b"seq-word", {SEQ_HEADER: "one"}, "Lbg-Seq header must be an integer"),
+    Malformed("x", b"seq-float", {SEQ_HEADER: "1.5"}, "Lbg-Seq header must be an integer"),
+    Malformed("x", b"ts-word", {TIME_HEADER: "yesterday"}, "Lbg-Time header must be epoch"),
+    Malformed("x", b"ts-nan", {TIME_HEADER: "nan"}, "Lbg-Time header must be epoch"),
+    Malformed("k" * 201, b"long-key", {}, "key of 201 bytes exceeds 200"),
+]
 # NATS refuses payloads above 1 MiB (its max_payload) at publish time; RabbitMQ takes them.
-OVERSIZED = {b'{"k":"x","s":1,"d":"' + b"x" * MAX_MESSAGE_BYTES + b'"}': "bytes exceeds"}
+RABBITMQ_ONLY = [
+    Malformed("x", b"x" * (MAX_MESSAGE_BYTES + 1), {}, "bytes exceeds"),
+    Malformed(None, b"no-key-level", {}, "has no key level"),
+]
+# Bodies that are no JSON at all, from a producer that sets no headers: valid events.
+FOREIGN_BODIES = [b"not json", b"", b"\xff\xfe\xc3(", b"[1,2]", b"\x00\x01protobuf"]
 GOOD_KEYS = [f"key-{i}" for i in range(8)]
 ROUNDS = 40
 
@@ -336,15 +331,22 @@ def test_malformed_events_are_dead_lettered_with_a_reason(
     group_name: str,
     tmp_path: Path,
 ) -> None:
-    """Bad bodies on the same subjects as good events, before, during and after them."""
-    malformed = MALFORMED | (OVERSIZED if broker.kind == "rabbitmq" else {})
+    """Bad messages on the same topics as good events, before, during and after them; bodies
+    that are not JSON are no reason to dead-letter anything."""
+    malformed = MALFORMED + (RABBITMQ_ONLY if broker.kind == "rabbitmq" else [])
     make_group()
     config = group_config(broker, group_name)
     deployment.start_client("client-a", 0, 1, 600)
     raw = []
-    for i, body in enumerate(malformed):
-        key = GOOD_KEYS[i % len(GOOD_KEYS)]
-        raw.append((event_destination(config.hash_prefix, config.bucket_for_key(key), key), body))
+    for i, bad in enumerate(malformed):
+        key = bad.key_level or GOOD_KEYS[i % len(GOOD_KEYS)]
+        levels = (config.hash_prefix, str(config.bucket_for_key(key)), bad.key_level)
+        raw.append((Destination(tuple(filter(None, levels))), bad.body, bad.headers))
+    for i, body in enumerate(FOREIGN_BODIES):
+        key = f"foreign-{i}"
+        raw.append(
+            (event_destination(config.hash_prefix, config.bucket_for_key(key), key), body, {})
+        )
     thirds = [raw[0::3], raw[1::3], raw[2::3]]
     events = tmp_path / "events.jsonl"
     lines = (orjson.dumps({"key": k, "data": r}).decode() for r in range(ROUNDS) for k in GOOD_KEYS)
@@ -366,19 +368,21 @@ def test_malformed_events_are_dead_lettered_with_a_reason(
     assert report["reordered"] == 0
     assert report["duplicates"] == 0
     assert report["per_client"] == {"client-a": good}
+    assert report["unsequenced"] == len(FOREIGN_BODIES)
     letters = dead_letters(broker.url, group_name, len(malformed))
     by_body = {body: headers for body, headers in letters}
     assert len(letters) == len(malformed), [body[:40] for body, _ in letters]
-    for body, reason in malformed.items():
-        assert body in by_body, f"{body[:60]!r} was not dead-lettered"
-        headers = by_body[body]
-        assert reason in headers.get("Lbg-Reason", ""), (body[:60], headers)
+    for bad in malformed:
+        assert bad.body in by_body, f"{bad.body[:60]!r} was not dead-lettered"
+        headers = by_body[bad.body]
+        assert bad.reason in headers.get("Lbg-Reason", ""), (bad.body[:60], headers)
         assert headers.get("Lbg-Client") == "client-a"
         assert headers.get("Lbg-Subject", "").startswith(f"{config.hash_prefix}.")
+        assert all(headers.get(name) == value for name, value in bad.headers.items()), headers
     assert_clean_log(deployment, "client-a")
     assert_nothing_left_unacked(broker, group_name)
     validator_log = deployment.daemons["validator"].log_path.read_text()
-    assert validator_log.count("dead letter (unparseable)") == len(malformed)
+    assert validator_log.count("dead letter (no key and sequence)") == len(malformed)
 
 
 # --- (c) a handler that always fails for one key -----------------------------------------------
@@ -431,19 +435,15 @@ def test_events_the_handler_always_fails_on_are_dead_lettered_after_retries(
     assert report["unique"] == 50
     assert report["per_client"] == {"client-a": 50}
     letters = dead_letters(broker.url, group_name, 3)
-    dead = sorted((decode_event(body) for body, _ in letters), key=lambda e: e.seq)
-    assert [(e.key, e.seq, e.data) for e in dead] == [
-        ("poison", 1, 0),
-        ("poison", 2, 1),
-        ("poison", 3, 2),
-    ]
-    for body, headers in letters:
+    dead = sorted((read_dead_letter(headers), body) for body, headers in letters)
+    assert dead == [(("poison", 1), b"0"), (("poison", 2), b"1"), (("poison", 3), b"2")]
+    for _body, headers in letters:
         reason = headers.get("Lbg-Reason", "")
         assert "handler failed 2 times" in reason, reason
-        assert f"poison pill {decode_event(body).seq}" in reason, reason
+        assert f"poison pill {headers['Lbg-Seq']}" in reason, reason
     assert_clean_log(deployment, "client-a")
     assert_nothing_left_unacked(broker, group_name)
-    assert client.log_path.read_text().count("handler failed on poison") == 3
+    assert client.log_path.read_text().count("handler failed on key 'poison'") == 3
 
 
 # --- (d) bad lines in the publisher's input ----------------------------------------------------

@@ -1,4 +1,5 @@
-"""lbg.messages: the shared wire format round-trips, and every bad body is a MalformedMessage."""
+"""lbg.messages: events carry the producer's body untouched with our metadata in headers, the
+group's records round-trip, and everything bad is a MalformedMessage with a reason."""
 
 import orjson
 import pytest
@@ -8,16 +9,20 @@ from hypothesis import strategies as st
 from lbg.messages import (
     MAX_KEY_BYTES,
     MAX_MESSAGE_BYTES,
+    SEQ_HEADER,
     SUMMARY_CHUNK_BYTES,
+    TIME_HEADER,
     Event,
     MalformedMessage,
     Processed,
-    decode_event,
+    dead_letter_headers,
     decode_processed,
     decode_summary,
-    encode_event,
     encode_processed,
     encode_summaries,
+    event_headers,
+    read_dead_letter,
+    read_event,
 )
 
 INT64_MAX = 2**63 - 1
@@ -48,20 +53,45 @@ def body(**fields: object) -> bytes:
 publish_times = st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False)
 
 
-@given(key=keys, seq=seqs, data=json_values, ts=publish_times)
-def test_event_round_trip(key: str, seq: int, data: object, ts: float | None) -> None:
-    event = Event(key, seq, data, ts)
-    assert decode_event(encode_event(event)) == event
+header_maps = st.dictionaries(
+    st.text(alphabet=st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8),
+    st.text(max_size=20),
+    max_size=4,
+)
 
 
-def test_event_round_trip_of_the_blog_key_without_data() -> None:
-    event = Event(BLOG_KEY, 1)
-    assert decode_event(encode_event(event)) == Event(BLOG_KEY, 1, None)
+@given(key=keys, seq=seqs, payload=st.binary(max_size=300), ts=publish_times, own=header_maps)
+def test_an_event_keeps_its_body_and_headers_and_reads_our_metadata(
+    key: str, seq: int, payload: bytes, ts: float | None, own: dict[str, str]
+) -> None:
+    headers = own if ts is None else event_headers(seq, ts, own)
+    event = read_event(key, payload, headers)
+    assert (event.key, event.body, event.headers) == (key, payload, headers)
+    if ts is None:
+        assert (event.seq, event.ts) == (None, None)
+    else:
+        assert event.seq == seq
+        assert event.ts == pytest.approx(ts, abs=1e-6)
+
+
+def test_an_event_from_another_producer_has_no_sequence() -> None:
+    event = read_event("order-1", b'{"order_id": "order-1", "step": 1}', {"trace": "x"})
+    assert (event.seq, event.ts) == (None, None)
+    assert event.json() == {"order_id": "order-1", "step": 1}
+    assert event.text() == '{"order_id": "order-1", "step": 1}'
+
+
+def test_json_and_text_of_a_body_that_is_neither_say_why() -> None:
+    event = Event("k", b"\xff\x00 protobuf")
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        event.json()
+    with pytest.raises(MalformedMessage, match="not UTF-8"):
+        event.text()
 
 
 @given(
     key=keys,
-    seq=seqs,
+    seq=st.none() | seqs,
     client=st.text(),
     queue=st.integers(min_value=0, max_value=10**6),
     bucket=st.integers(min_value=0, max_value=10**6),
@@ -70,7 +100,7 @@ def test_event_round_trip_of_the_blog_key_without_data() -> None:
 )
 def test_processed_round_trip(
     key: str,
-    seq: int,
+    seq: int | None,
     client: str,
     queue: int,
     bucket: int,
@@ -127,70 +157,77 @@ def test_every_summary_chunk_decodes_even_with_the_longest_keys() -> None:
     assert union == last
 
 
-# --- decode_event errors -----------------------------------------------------------------------
+# --- read_event errors ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("raw", "reason"),
+    ("key", "headers", "reason"),
     [
-        pytest.param(b"not json", "not valid JSON", id="not-json"),
-        pytest.param(b"", "not valid JSON", id="empty"),
-        pytest.param(b'{"k": "a", "s": 1', "not valid JSON", id="truncated"),
-        pytest.param(b"[1, 2]", "expected a JSON object, got list", id="array"),
-        pytest.param(b'"k"', "expected a JSON object, got str", id="string"),
-        pytest.param(b"null", "expected a JSON object, got NoneType", id="null"),
-        pytest.param(body(s=1), "missing field 'k'", id="no-key"),
-        pytest.param(body(k="a"), "missing field 's'", id="no-seq"),
-        pytest.param(body(k="a", s="1"), "seq must be an integer, got str", id="seq-str"),
-        pytest.param(body(k="a", s=1.0), "seq must be an integer, got float", id="seq-float"),
-        pytest.param(body(k="a", s=True), "seq must be an integer, got bool", id="seq-bool"),
-        pytest.param(body(k="a", s=None), "seq must be an integer, got NoneType", id="seq-null"),
-        pytest.param(body(k="a", s=0), "seq must be >= 1, got 0", id="seq-zero"),
-        pytest.param(body(k="a", s=-5), "seq must be >= 1, got -5", id="seq-negative"),
-        pytest.param(body(k=7, s=1), "key must be a string, got int", id="key-int"),
-        pytest.param(body(k=["a"], s=1), "key must be a string, got list", id="key-list"),
-        pytest.param(body(k=None, s=1), "key must be a string, got NoneType", id="key-null"),
-        pytest.param(body(k="", s=1), "key must not be empty", id="key-empty"),
+        pytest.param("a", {SEQ_HEADER: "0"}, "must be an integer >= 1, got '0'", id="seq-zero"),
+        pytest.param("a", {SEQ_HEADER: "-5"}, "Lbg-Seq header must be an integer", id="seq-neg"),
+        pytest.param("a", {SEQ_HEADER: "1.0"}, "Lbg-Seq header must be an integer", id="seq-f"),
+        pytest.param("a", {SEQ_HEADER: "one"}, "Lbg-Seq header must be an integer", id="seq-word"),
+        pytest.param("a", {SEQ_HEADER: "\u0661"}, "Lbg-Seq header must be", id="seq-arabic"),
+        pytest.param("a", {SEQ_HEADER: ""}, "Lbg-Seq header must be an integer", id="seq-empty"),
+        pytest.param("a", {TIME_HEADER: "now"}, "Lbg-Time header must be epoch", id="ts-word"),
+        pytest.param("a", {TIME_HEADER: "nan"}, "Lbg-Time header must be epoch", id="ts-nan"),
+        pytest.param("a", {TIME_HEADER: "inf"}, "Lbg-Time header must be epoch", id="ts-inf"),
+        pytest.param("", {}, "key must not be empty", id="key-empty"),
         pytest.param(
-            body(k="é" * (MAX_KEY_BYTES // 2) + "x", s=1),
+            "é" * (MAX_KEY_BYTES // 2) + "x",
+            {},
             f"key of {MAX_KEY_BYTES + 1} bytes exceeds {MAX_KEY_BYTES}",
             id="key-too-long",
         ),
-        pytest.param(b'{"k": "\xff\xfe", "s": 1}', "not valid JSON", id="invalid-utf8-in-key"),
-        pytest.param(b"\xc3\x28", "not valid JSON", id="invalid-utf8"),
-        pytest.param(b'{"k": "a", "s": 1e400}', "not valid JSON", id="seq-infinite"),
-        pytest.param(body(k="a", s=1, t="now"), "t must be a number", id="ts-text"),
-        pytest.param(body(k="a", s=1, t=True), "t must be a number", id="ts-bool"),
     ],
 )
-def test_decode_event_rejects_with_a_reason(raw: bytes, reason: str) -> None:
+def test_read_event_rejects_with_a_reason(key: str, headers: dict[str, str], reason: str) -> None:
     with pytest.raises(MalformedMessage) as caught:
-        decode_event(raw)
+        read_event(key, b"{}", headers)
     assert reason in str(caught.value)
     assert "\n" not in str(caught.value)
 
 
 def test_key_of_exactly_the_maximum_length_is_accepted() -> None:
     key = "é" * (MAX_KEY_BYTES // 2)
-    assert decode_event(body(k=key, s=1)).key == key
+    assert read_event(key, b"", {}).key == key
 
 
-def test_oversized_body_is_rejected_before_parsing() -> None:
-    raw = encode_event(Event("a", 1, "x" * MAX_MESSAGE_BYTES))
-    assert len(raw) > MAX_MESSAGE_BYTES
+def test_oversized_body_is_rejected() -> None:
+    raw = b"x" * (MAX_MESSAGE_BYTES + 1)
     with pytest.raises(MalformedMessage, match=rf"{len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}"):
-        decode_event(raw)
+        read_event("a", raw, {})
 
 
 def test_body_of_exactly_the_maximum_size_is_accepted() -> None:
-    padding = MAX_MESSAGE_BYTES - len(encode_event(Event("a", 1, "")))
-    raw = encode_event(Event("a", 1, "x" * padding))
-    assert len(raw) == MAX_MESSAGE_BYTES
-    assert decode_event(raw) == Event("a", 1, "x" * padding)
+    raw = b"x" * MAX_MESSAGE_BYTES
+    assert read_event("a", raw, {}).body == raw
 
 
-def test_extra_fields_are_ignored() -> None:
-    assert decode_event(body(k="a", s=3, d=[1], extra="x")) == Event("a", 3, [1])
+@given(
+    key=keys,
+    seq=seqs,
+    own=header_maps,
+    reason=st.text(max_size=800),
+    subject=st.text(max_size=50),
+)
+def test_a_dead_letter_names_its_key_and_sequence_and_keeps_the_event_headers(
+    key: str, seq: int, own: dict[str, str], reason: str, subject: str
+) -> None:
+    original = event_headers(seq, 1.5, own)
+    headers = dead_letter_headers(original, reason, subject, key, client="c-1", queue="3")
+    assert read_dead_letter(headers) == (key, seq)
+    assert headers["Lbg-Client"] == "c-1"
+    assert headers["Lbg-Queue"] == "3"
+    assert all(headers[name] == value for name, value in own.items() if not name.startswith("Lbg"))
+    assert "\n" not in headers["Lbg-Reason"]
+    assert len(headers["Lbg-Reason"]) <= 500
+    assert headers["Lbg-Key"].isascii()
+
+
+def test_a_dead_letter_without_a_key_or_sequence_is_not_counted_as_an_event() -> None:
+    assert read_dead_letter(dead_letter_headers({}, "bad", "x", None)) is None
+    assert read_dead_letter(dead_letter_headers({}, "bad", "x", "k")) is None
 
 
 @pytest.mark.parametrize(
@@ -227,7 +264,7 @@ def test_decode_summary_rejects_bad_chunks(raw: bytes) -> None:
 
 # --- fuzzing: nothing but MalformedMessage escapes ----------------------------------------------
 
-DECODERS = [decode_event, decode_processed, decode_summary]
+DECODERS = [decode_processed, decode_summary]
 
 
 def decodes_or_malformed(decoder, raw: bytes) -> None:
@@ -248,7 +285,6 @@ def test_arbitrary_bytes_raise_only_malformed_message(decoder, raw: bytes) -> No
 _FIELD = st.none() | json_values
 record_shapes = st.one_of(
     json_values,
-    st.fixed_dictionaries({}, optional={"k": _FIELD, "s": _FIELD, "d": _FIELD}),
     st.fixed_dictionaries({}, optional={f: _FIELD for f in ("k", "s", "c", "q", "b", "r")}),
     st.fixed_dictionaries(
         {},
@@ -267,3 +303,15 @@ record_shapes = st.one_of(
 @given(value=record_shapes)
 def test_arbitrary_json_raises_only_malformed_message(decoder, value: object) -> None:
     decodes_or_malformed(decoder, orjson.dumps(value))
+
+
+@settings(max_examples=300)
+@given(key=st.text(max_size=80), raw=st.binary(max_size=200), headers=header_maps)
+def test_arbitrary_events_raise_only_malformed_message(
+    key: str, raw: bytes, headers: dict[str, str]
+) -> None:
+    for names in ({}, {SEQ_HEADER: "x"}, {TIME_HEADER: "y"}):
+        try:
+            read_event(key, raw, {**headers, **names})
+        except MalformedMessage as exc:
+            assert str(exc), "a dead-letter reason must not be empty"

@@ -1,4 +1,5 @@
-"""hashed-publisher's JSON-lines input: good records parse, bad ones name their file:line."""
+"""hashed-publisher's JSON-lines input: good records become (key, body), bad ones name their
+file:line."""
 
 import orjson
 import pytest
@@ -14,15 +15,17 @@ WHERE = "events.jsonl:7"
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ('{"key": "a", "data": 1}\n', ("a", 1)),
-        ('{"key": "a"}', ("a", None)),
-        ('  {"data": {"x": [1, 2]}, "key": "k/1"}  \r\n', ("k/1", {"x": [1, 2]})),
-        ('{"key": "a.b *>", "data": null, "other": true}', ("a.b *>", None)),
-        ('{"key": "Grüße", "data": "é"}', ("Grüße", "é")),
-        ('{"key": "' + "k" * MAX_KEY_BYTES + '"}', ("k" * MAX_KEY_BYTES, None)),
+        ('{"key": "a", "data": 1}\n', ("a", b"1")),
+        ('{"key": "a"}', ("a", b"")),
+        ('  {"data": {"x": [1, 2]}, "key": "k/1"}  \r\n', ("k/1", b'{"x":[1,2]}')),
+        ('{"key": "a.b *>", "data": null, "other": true}', ("a.b *>", b"")),
+        ('{"key": "Grüße", "data": "é"}', ("Grüße", '"é"'.encode())),
+        ('{"key": "a", "body": "plain text, not JSON"}', ("a", b"plain text, not JSON")),
+        ('{"key": "a", "body": "é", "data": 1}', ("a", "é".encode())),
+        ('{"key": "' + "k" * MAX_KEY_BYTES + '"}', ("k" * MAX_KEY_BYTES, b"")),
     ],
 )
-def test_good_lines(line: str, expected: tuple[str, object]) -> None:
+def test_good_lines(line: str, expected: tuple[str, bytes]) -> None:
     assert parse_line(line, WHERE) == expected
 
 
@@ -41,6 +44,7 @@ def test_good_lines(line: str, expected: tuple[str, object]) -> None:
         pytest.param('{"key": null}', "key must be a string, got NoneType", id="key-null"),
         pytest.param('{"key": ["a"]}', "key must be a string, got list", id="key-list"),
         pytest.param('{"key": ""}', "key must not be empty", id="key-empty"),
+        pytest.param('{"key": "a", "body": 5}', '"body" must be a string', id="body-int"),
         pytest.param(
             '{"key": "' + "k" * (MAX_KEY_BYTES + 1) + '"}',
             f"exceeds {MAX_KEY_BYTES}",
@@ -60,7 +64,8 @@ def test_bad_lines_name_file_and_line(line: str, reason: str) -> None:
 _VALUES = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8)
 json_lines = st.builds(
     lambda v: orjson.dumps(v).decode(),
-    st.dictionaries(st.sampled_from(["key", "data", "x"]), _VALUES | st.lists(_VALUES)) | _VALUES,
+    st.dictionaries(st.sampled_from(["key", "data", "body", "x"]), _VALUES | st.lists(_VALUES))
+    | _VALUES,
 )
 
 
@@ -68,11 +73,12 @@ json_lines = st.builds(
 @given(line=st.text(max_size=80) | json_lines)
 def test_any_text_parses_or_names_its_line(line: str) -> None:
     try:
-        key, _data = parse_line(line, WHERE)
+        key, body = parse_line(line, WHERE)
     except MalformedMessage as exc:
         assert str(exc).startswith(f"{WHERE}: ")
     else:
         assert isinstance(key, str) and 0 < len(key.encode()) <= MAX_KEY_BYTES
+        assert isinstance(body, bytes)
 
 
 @given(
@@ -81,4 +87,6 @@ def test_any_text_parses_or_names_its_line(line: str) -> None:
 )
 def test_serialised_records_parse_back(key: str, data: object) -> None:
     line = orjson.dumps({"key": key, "data": data}).decode()
-    assert parse_line(line, WHERE) == (key, data)
+    parsed_key, body = parse_line(line, WHERE)
+    assert parsed_key == key
+    assert (orjson.loads(body) if body else None) == data

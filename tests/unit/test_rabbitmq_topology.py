@@ -2,15 +2,26 @@
 
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lbg.broker.base import UndeliverableKey
 from lbg.broker.rabbitmq import topology
-from lbg.destinations import OutputKind, event_destination, output_destination
+from lbg.destinations import (
+    EventAddress,
+    OutputKind,
+    event_destination,
+    level_token,
+    output_destination,
+    parse_event_topic,
+)
 from lbg.group import GroupConfig
 
 group_names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
-keys = st.text(min_size=1, max_size=60).filter(lambda k: len(k.encode()) <= 200)
+any_keys = st.text(min_size=1, max_size=60).filter(lambda k: len(k.encode()) <= 200)
+# Keys whose routing key fits AMQP's 255 bytes beside any hash prefix used here.
+keys = any_keys.filter(lambda k: len(level_token(k).encode()) <= 190)
 
 
 def matches_binding(binding: str, key: str) -> bool:
@@ -19,11 +30,29 @@ def matches_binding(binding: str, key: str) -> bool:
     return key == prefix or key.startswith(prefix + ".")
 
 
-@given(keys, st.integers(min_value=0, max_value=999))
-def test_routing_keys_fit_amqp_and_keep_hash_prefix_and_bucket(key: str, bucket: int) -> None:
-    routing = topology.routing_key(event_destination("orders", bucket, key))
+@given(any_keys, st.integers(min_value=0, max_value=999))
+def test_a_routing_key_carries_the_key_back_or_is_refused_as_too_long(
+    key: str, bucket: int
+) -> None:
+    destination = event_destination("orders", bucket, key)
+    try:
+        routing = topology.routing_key(destination)
+    except UndeliverableKey as exc:
+        assert "exceeds AMQP's 255" in str(exc)
+        assert len(".".join(map(level_token, destination.levels)).encode()) > 255
+        return
     assert len(routing.encode()) <= topology.MAX_ROUTING_KEY_BYTES
-    assert routing.split(".")[:2] == ["orders", str(bucket)]
+    assert parse_event_topic(routing, ".") == EventAddress(key, bucket)
+
+
+def test_the_longest_ascii_key_fits_a_routing_key() -> None:
+    routing = topology.routing_key(event_destination("h" * 40, 99_999, "k" * 200))
+    assert parse_event_topic(routing, ".").key == "k" * 200
+
+
+def test_a_key_too_long_once_encoded_is_refused_in_one_line() -> None:
+    with pytest.raises(UndeliverableKey, match="use a shorter key or hash prefix"):
+        topology.routing_key(event_destination("orders", 1, "键" * 60))
 
 
 @given(keys, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=8))

@@ -1,4 +1,5 @@
-"""NATS subjects: every topic level becomes exactly one safe token, and distinct keys stay apart."""
+"""Event topics: every level becomes exactly one safe token, distinct keys stay apart, and the
+key reads back from the topic, also as another producer writes it."""
 
 from urllib.parse import unquote
 
@@ -6,10 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbg.broker.base import UndeliverableKey
 from lbg.broker.nats.adapter import subject
-from lbg.destinations import OutputKind, event_destination, output_destination
+from lbg.broker.solace.adapter import topic_level, topic_name
+from lbg.destinations import (
+    EventAddress,
+    OutputKind,
+    event_destination,
+    output_destination,
+    parse_event_topic,
+)
 from lbg.destinations import level_token as subject_token
-from lbg.messages import MAX_KEY_BYTES, check_key
+from lbg.messages import MAX_KEY_BYTES, MalformedMessage, check_key
 
 BLOG_KEYS = [
     "b8c1ccb2-c67f-446f-8111-9eec8b264782/25c151d2-76c3-41aa-98c4-508542cd80b9",
@@ -119,3 +128,66 @@ def test_the_longest_accepted_key_fits_a_nats_control_line(char: str) -> None:
     key = check_key(char * (MAX_KEY_BYTES // len(char.encode())))
     target = subject(event_destination("h" * 40, 99_999, key))
     assert len(target.encode()) <= SUBJECT_BUDGET, f"{len(target.encode())} bytes"
+
+
+# --- reading the key back from a topic --------------------------------------------------------
+
+
+@settings(max_examples=300)
+@given(key=st.text(min_size=1).filter(lambda k: len(k.encode()) <= MAX_KEY_BYTES))
+def test_every_key_reads_back_from_its_nats_and_solace_topic(key: str) -> None:
+    destination = event_destination("orders", 17, key)
+    assert parse_event_topic(subject(destination), ".") == EventAddress(key, 17)
+    try:
+        topic = topic_name(destination)
+    except UndeliverableKey:
+        assert len("/".join(map(topic_level, destination.levels)).encode()) > 250
+    else:
+        assert parse_event_topic(topic, "/") == EventAddress(key, 17)
+
+
+@pytest.mark.parametrize(
+    ("topic", "separator", "key"),
+    [
+        ("orders.7.order-1", ".", "order-1"),
+        ("orders.7.EU.order-1", ".", "EU.order-1"),
+        ("orders.7.EU%2Eorder-1", ".", "EU.order-1"),
+        ("orders.7.Grüße/ключ", ".", "Grüße/ключ"),
+        ("orders.7.50%25 off", ".", "50% off"),
+        ("orders.7.100%", ".", "100%"),
+        ("orders/7/EU/order-1", "/", "EU/order-1"),
+        ("orders/7/a.b", "/", "a.b"),
+    ],
+)
+def test_a_key_written_by_another_producer_is_read_as_written(
+    topic: str, separator: str, key: str
+) -> None:
+    assert parse_event_topic(topic, separator) == EventAddress(key, 7)
+
+
+@pytest.mark.parametrize(
+    ("topic", "reason"),
+    [
+        ("orders.7", "has no key level"),
+        ("orders.7.", "has no key level"),
+        ("orders", "has no key level"),
+        ("orders.x7.k", "bucket level 'x7' is no number"),
+        ("orders.-1.k", "bucket level '-1' is no number"),
+        ("orders.7.%FF%FE", "not UTF-8 once percent-decoded"),
+        ("orders.7." + "k" * 201, f"exceeds {MAX_KEY_BYTES}"),
+    ],
+)
+def test_a_topic_without_a_usable_key_is_malformed_with_a_reason(topic: str, reason: str) -> None:
+    with pytest.raises(MalformedMessage, match=reason):
+        parse_event_topic(topic, ".")
+
+
+@settings(max_examples=300)
+@given(topic=st.text(max_size=300))
+def test_any_topic_parses_or_is_malformed(topic: str) -> None:
+    try:
+        address = parse_event_topic(topic, ".")
+    except MalformedMessage as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 300
+    else:
+        assert address.key and address.bucket is not None and address.bucket >= 0

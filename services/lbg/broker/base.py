@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lbg.destinations import Destination, OutputKind
+from lbg.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.group import GroupConfig
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,11 @@ class GroupNotFound(BrokerError):
 
 class PublishError(BrokerError):
     """The broker did not confirm a publish: it must not count as sent."""
+
+
+class UndeliverableKey(BrokerError):
+    """An event's key does not fit the broker's destinations (too long once encoded):
+    retrying cannot help, so its events are refused as bad input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,13 @@ class Broker(abc.ABC):
     # True where a group's queue count can change at run time (resize_group); the clients of
     # such a group follow its config and add or retire queues as it changes.
     resizable: ClassVar[bool] = False
+    # What separates the levels of an event's topic (`<HP>.<bucket>.<key>` on NATS).
+    topic_separator: ClassVar[str] = "."
+
+    def event_address(self, subject: str) -> EventAddress:
+        """The key (and bucket) of a delivered event, from its subject as the broker gave it;
+        MalformedMessage, the dead-letter reason, if the subject carries no usable key."""
+        return parse_event_topic(subject, self.topic_separator)
 
     @abc.abstractmethod
     async def close(self) -> None:

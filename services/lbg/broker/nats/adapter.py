@@ -78,6 +78,16 @@ def output_stream(group: str) -> str:
     return f"LBG_{group}_OUT"
 
 
+def message_id(target: str, headers: Mapping[str, str], body: bytes) -> str:
+    """A digest of the whole event (subject, headers, body): the stream drops the copy that a
+    retried publish may create, and only that (two events never share all three)."""
+    digest = hashlib.blake2b(target.encode(), digest_size=16)
+    for name in sorted(headers):
+        digest.update(b"\0" + name.encode() + b"\0" + headers[name].encode())
+    digest.update(b"\1" + body)
+    return digest.hexdigest()
+
+
 def control_subject(group: str) -> str:
     """Core NATS subject of the group's membership heartbeats (kept out of every stream)."""
     return f"{CONTROL_PREFIX}.{group}.members"
@@ -375,8 +385,8 @@ class NatsBroker(Broker):
     ) -> None:
         target = subject(destination)
         all_headers = dict(headers or {})
-        if destination.levels[0] != SYSTEM_PREFIX:
-            all_headers[MSG_ID_HEADER] = hashlib.blake2b(body, digest_size=16).hexdigest()
+        if destination.levels[0] != SYSTEM_PREFIX and MSG_ID_HEADER not in all_headers:
+            all_headers[MSG_ID_HEADER] = message_id(target, all_headers, body)
         try:
             await self._js.publish(target, body, headers=all_headers or None)
         except NoRespondersError:

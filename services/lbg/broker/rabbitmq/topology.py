@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from lbg.broker.base import UndeliverableKey
 from lbg.destinations import (
     SYSTEM_PREFIX,
     Destination,
@@ -56,12 +57,15 @@ def bucket_binding_keys(config: GroupConfig, queue: int) -> list[str]:
 
 
 def routing_key(destination: Destination) -> str:
-    """The destination's levels joined by dots; a key too long for AMQP keeps only the first
-    two levels (`<HP>.<bucket>` still routes to the right queue)."""
-    tokens = [level_token(level) for level in destination.levels]
-    key = ".".join(tokens)
-    if len(key.encode()) > MAX_ROUTING_KEY_BYTES:
-        key = ".".join(tokens[:2])
+    """The destination's levels joined by dots; UndeliverableKey if that exceeds AMQP's 255
+    bytes (the key travels in the routing key, so it cannot be cut)."""
+    key = ".".join(level_token(level) for level in destination.levels)
+    size = len(key.encode())
+    if size > MAX_ROUTING_KEY_BYTES:
+        raise UndeliverableKey(
+            f"routing key of {size} bytes exceeds AMQP's {MAX_ROUTING_KEY_BYTES}: "
+            f"{key[:60]!r}... (use a shorter key or hash prefix)"
+        )
     return key
 
 

@@ -71,6 +71,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableKey,
 )
 from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
 from lbg.broker.solace.provision import (
@@ -96,6 +97,7 @@ CONTROL_BUFFER = 10_000
 BROWSE_BATCH = 500
 BROWSE_WAIT_MS = 500
 ACTIVE_FLOW = "active-consumer"
+MAX_TOPIC_BYTES = 250
 DEFAULT_USERNAME = "default"
 _TOPIC_UNSAFE = re.compile(r"[%/*>\x00-\x20\x7f]")
 
@@ -106,8 +108,16 @@ def topic_level(level: str) -> str:
 
 
 def topic_name(destination: Destination) -> str:
-    """The Solace topic of a destination: its levels joined with '/'."""
-    return "/".join(topic_level(level) for level in destination.levels)
+    """The Solace topic of a destination: its levels joined with '/'; UndeliverableKey if it
+    exceeds Solace's 250 bytes (the key travels in the topic, so it cannot be cut)."""
+    topic = "/".join(topic_level(level) for level in destination.levels)
+    size = len(topic.encode())
+    if size > MAX_TOPIC_BYTES:
+        raise UndeliverableKey(
+            f"topic of {size} bytes exceeds Solace's {MAX_TOPIC_BYTES}: {topic[:60]!r}... "
+            "(use a shorter key or hash prefix)"
+        )
+    return topic
 
 
 def control_topic(group: str) -> str:
@@ -323,6 +333,8 @@ async def queue_status(
 
 class SolaceBroker(Broker):
     """The broker interface on one Solace PubSub+ Message VPN."""
+
+    topic_separator = "/"
 
     def __init__(
         self,
