@@ -39,7 +39,7 @@ $(POSTGRES_INITDB):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql npm
 
 test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB)  ## lint, then every test that the default run includes
-	$(BIN)/ruff check services tests bench
+	$(BIN)/ruff check services tests bench examples loadtest
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(ARGS)
 
 test-solace: $(STAMP)  ## the behaviour suite on a real Solace broker: needs LBG_TEST_SOLACE_* (README)
@@ -56,8 +56,8 @@ soak: $(STAMP) $(RABBITMQ_SERVER)  ## chaos soak (10 min): make soak SOAK_SECOND
 	$(BIN)/lbg soak --duration $(SOAK_SECONDS) $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check services tests bench
-	$(BIN)/ruff format --check services tests bench
+	$(BIN)/ruff check services tests bench examples loadtest
+	$(BIN)/ruff format --check services tests bench examples loadtest
 
 bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers
 	$(BIN)/python bench/throughput.py $(ARGS)

@@ -9,13 +9,13 @@ from typing import TextIO
 import click
 import orjson
 
+from lbg.api import default_id
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, GroupExists
 from lbg.cli.common import (
     admin_url_option,
     broker_option,
     config_option,
-    default_id,
     fail,
     load,
     one_line_errors,

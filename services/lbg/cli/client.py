@@ -6,10 +6,10 @@ import asyncio
 
 import click
 
+from lbg.api import Client
 from lbg.cli.common import (
     broker_option,
     config_option,
-    default_id,
     group_option,
     load,
     metrics_port_option,
@@ -19,10 +19,8 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
 )
-from lbg.client import DynamicRole, LbgClient, StaticRole
 from lbg.handlers import load_handler
 from lbg.metrics import serve as serve_metrics
-from lbg.retry import join_group
 from lbg.settings import ClientConfig
 
 
@@ -91,39 +89,20 @@ def main(
         "client.window": window,
     }
     settings = load(config_path, ClientConfig, overrides)
-    c = settings.client
-    role = (
-        StaticRole(c.index, c.count)
-        if c.index is not None and c.count is not None
-        else DynamicRole(c.heartbeat_interval, c.lease, c.stall_timeout)
-    )
-    name = c.id or default_id("client")
     with one_line_errors():
-        user_handler, hooks = load_handler(c.handler)
+        handler_function, hooks = load_handler(settings.client.handler)
+        client = Client(
+            settings.broker,
+            settings.group.name,
+            handler_function,
+            client_id=settings.client.id or None,
+            options=settings.client,
+            hooks=hooks,
+        )
 
     async def serve(stop: asyncio.Event) -> int:
-        joined = await join_group(settings.broker, settings.group.name, name, stop)
-        if joined is None:
-            return 0
-        broker, config = joined
-        try:
-            client = LbgClient(
-                broker,
-                settings.group.name,
-                config,
-                name,
-                user_handler,
-                role,
-                cycle_seconds=c.cycle_seconds,
-                retries=c.retries,
-                retry_backoff=c.retry_backoff,
-                window=c.window,
-                hooks=hooks,
-            )
-            serve_metrics(settings.metrics.port, settings.metrics.address, client.metric_families)
-            await client.run(stop)
-            return 0
-        finally:
-            await broker.close()
+        serve_metrics(settings.metrics.port, settings.metrics.address, client.metric_families)
+        await client.run(stop)
+        return 0
 
     run(serve)

@@ -8,7 +8,6 @@ import io
 import logging
 import os
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -131,11 +130,6 @@ def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
         return load_config(path, schema, overrides)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-
-
-def default_id(kind: str) -> str:
-    """An identity that tells instances apart in logs and reports: kind-host-pid."""
-    return f"{kind}-{socket.gethostname().split('.')[0]}-{os.getpid()}"
 
 
 @contextlib.contextmanager

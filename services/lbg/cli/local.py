@@ -191,8 +191,8 @@ def autoscale(
 ) -> None:
     """Scale the local stack's clients between --min and --max from the group's backlog (the
     original's "demand" trigger), one step at a time with a cool-down; runs until Ctrl-C."""
+    from lbg.api import default_id
     from lbg.broker import connect_broker
-    from lbg.cli.common import default_id
     from lbg.scaling import AutoscalePolicy, StackError
     from lbg.scaling import autoscale as run_autoscaler
     from lbg.settings import BrokerSettings

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import orjson
 
+from lbg.api import default_id
 from lbg.cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -20,7 +21,6 @@ from lbg.cli.common import (
     admin_url_option,
     broker_option,
     config_option,
-    default_id,
     fail,
     group_option,
     load,
