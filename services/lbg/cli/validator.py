@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 import orjson
 
+from lbg.api import default_id
 from lbg.cli.common import (
     broker_option,
     config_option,
-    default_id,
     group_option,
     load,
     metrics_port_option,
