@@ -1,8 +1,11 @@
 """The Solace adapter without a broker: the API objects it builds, and the binding's states.
 
 solace-pubsubplus builds services, queues, topics, messages and receivers without a
-connection; an InboundMessage cannot be built, so the binding is driven through a fake flow
-whose callbacks come from another thread, as the API's do.
+connection, and the tests drive them in the adapter's own order as far as that allows. One
+seam goes further: `connected` is a real service the API's state checks take for connected,
+so publishers start, take their listeners and accept messages as after connect(); nothing
+reaches a broker. The binding is driven through a fake flow whose callbacks come from another
+thread, as the API's do.
 """
 
 from __future__ import annotations
@@ -32,6 +35,33 @@ from lbg.settings import BrokerSettings
 SETTINGS = BrokerSettings(
     url="tcp://127.0.0.1:55555", user="cu1", password="pw", vpn="lbg-vpn", connect_timeout=2
 )
+
+
+@pytest.fixture
+def connected(monkeypatch: pytest.MonkeyPatch) -> MessagingService:
+    """A real service, never connected, that the API's state checks take for connected."""
+    service = adapter.build_service(SETTINGS, "lbg-test")
+    monkeypatch.setattr(type(service), "is_connected", property(lambda self: True))
+    return service
+
+
+def test_publishers_start_before_the_receipt_listener_is_set(
+    connected: MessagingService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API refuses a receipt listener on a publisher not yet started, and checks that it is
+    a MessagePublishReceiptListener; once started, a publish reaches the API and waits for its
+    receipt (none comes without a broker)."""
+    monkeypatch.setattr(adapter, "PUBLISH_TIMEOUT", 0.05)
+
+    async def scenario() -> None:
+        broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
+        try:
+            with pytest.raises(PublishError, match="no publish receipt for 'hp/0/k'"):
+                await broker.publish(event_destination("hp", 0, "k"), b"body")
+        finally:
+            await broker.close()
+
+    asyncio.run(scenario())
 
 
 def test_session_properties_name_host_vpn_and_credentials() -> None:

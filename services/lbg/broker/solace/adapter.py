@@ -358,6 +358,13 @@ class SolaceBroker(Broker):
                 f"cannot connect to {settings.shown_url} within {settings.connect_timeout:g}s"
                 f" ({describe(exc)})"
             ) from None
+        return await cls.start(service, settings, name)
+
+    @classmethod
+    async def start(
+        cls, service: MessagingService, settings: BrokerSettings, name: str
+    ) -> SolaceBroker:
+        """The broker interface on a connected service, once its publishers have started."""
         broker = cls(service, settings, name)
         try:
             await asyncio.to_thread(broker._start_publishers)
@@ -369,14 +376,16 @@ class SolaceBroker(Broker):
         return broker
 
     def _start_publishers(self) -> None:
+        """The persistent publisher takes its receipt listener only once started (the API
+        refuses it before: IllegalStateError), then the direct one for control messages."""
         publisher = (
             self._service.create_persistent_message_publisher_builder()
             .on_back_pressure_elastic()
             .build()
         )
-        publisher.set_message_publish_receipt_listener(self._receipts)
         publisher.start()
         self._publisher = publisher
+        publisher.set_message_publish_receipt_listener(self._receipts)
         direct = (
             self._service.create_direct_message_publisher_builder()
             .on_back_pressure_reject(CONTROL_BUFFER)
