@@ -11,7 +11,9 @@ thread, as the API's do.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -71,6 +73,47 @@ def test_session_properties_name_host_vpn_and_credentials() -> None:
     assert properties[authentication_properties.SCHEME_BASIC_USER_NAME] == "cu1"
     assert properties[authentication_properties.SCHEME_BASIC_PASSWORD] == "pw"
     assert properties[service_properties.GENERATE_SEND_TIMESTAMPS] is True
+
+
+ONE_HOST = "tcp://a:55555"
+HA_PAIR = "tcp://a:55555,tcp://b:55555"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "urls"),
+    [(0.2, ONE_HOST), (1, ONE_HOST), (5, ONE_HOST), (60, ONE_HOST), (1, HA_PAIR), (5, HA_PAIR)],
+)
+def test_connecting_gives_up_within_connect_timeout_even_if_no_host_answers(
+    seconds: float, urls: str
+) -> None:
+    """Each attempt may last CONNECTION_ATTEMPTS_TIMEOUT; every pass tries each host once,
+    with the wait interval after each failure (CONNECTION_RETRIES_PER_HOST 0)."""
+    settings = BrokerSettings(url=urls, vpn="v", connect_timeout=seconds)
+    properties = adapter.session_properties(settings)
+    attempt = properties[transport_layer_properties.CONNECTION_ATTEMPTS_TIMEOUT]
+    wait = properties[transport_layer_properties.RECONNECTION_ATTEMPTS_WAIT_INTERVAL]
+    passes = properties[transport_layer_properties.CONNECTION_RETRIES] + 1
+    attempts = passes * len(urls.split(","))
+    assert properties[transport_layer_properties.CONNECTION_RETRIES_PER_HOST] == 0
+    assert attempts * attempt + (attempts - 1) * wait <= seconds * 1000
+    assert 0 < attempt <= adapter.ATTEMPT_TIMEOUT_MS
+
+
+def test_connect_to_a_host_that_never_answers_fails_within_connect_timeout() -> None:
+    """A listener that accepts and stays silent: the API waits for its login answer until the
+    attempt times out (30 s each by default, three attempts for a 1 s connect_timeout)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        settings = BrokerSettings(url=f"tcp://127.0.0.1:{port}", vpn="v", connect_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(BrokerError, match=r"cannot connect to .* within 1s \(.*timeout"):
+            asyncio.run(adapter.connect(settings, "lbg-test"))
+        elapsed = time.monotonic() - started
+        silent.settimeout(0)
+        assert silent.accept(), "the attempt never reached the silent host"
+    assert elapsed < 2.5, f"connect gave up after {elapsed:.1f}s, not within 1s"
 
 
 def test_the_messaging_service_builds_without_connecting() -> None:

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import re
 import ssl
@@ -90,6 +89,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
 RETRY_INTERVAL_MS = 500
+ATTEMPT_TIMEOUT_MS = 2000
 KEEP_ALIVE_MS = 1000
 KEEP_ALIVE_MISSES = 3
 CONTROL_BUFFER = 10_000
@@ -125,8 +125,22 @@ def describe(exc: BaseException) -> str:
     return " ".join(text.split())[:300]
 
 
+def connection_attempts(connect_timeout: float, hosts: int = 1) -> tuple[int, int]:
+    """(retries, ms per attempt) for connecting within `connect_timeout` even when no host
+    answers: every pass tries each host once, waiting RETRY_INTERVAL_MS after each failure
+    (so a list of N hosts cannot give up in less than N-1 waits)."""
+    budget = max(1, round(connect_timeout * 1000))
+    per_host = (budget - (hosts - 1) * RETRY_INTERVAL_MS) // hosts
+    attempt = max(1, min(ATTEMPT_TIMEOUT_MS, per_host))
+    passes = (budget + RETRY_INTERVAL_MS) // (hosts * (attempt + RETRY_INTERVAL_MS))
+    return max(0, passes - 1), attempt
+
+
 def session_properties(settings: BrokerSettings) -> dict[str, Any]:
-    """Host, Message VPN, basic credentials, keepalive and send timestamps for the session."""
+    """Host, Message VPN, basic credentials, keepalive, send timestamps, and connection
+    attempts bounded so that connecting gives up within `connect_timeout`."""
+    host_count = len(settings.url.split(","))  # an HA pair or list: "tcp://a,tcp://b"
+    retries, attempt_ms = connection_attempts(settings.connect_timeout, host_count)
     return {
         transport_layer_properties.HOST: settings.url,
         service_properties.VPN_NAME: settings.vpn,
@@ -134,20 +148,21 @@ def session_properties(settings: BrokerSettings) -> dict[str, Any]:
         authentication_properties.SCHEME_BASIC_PASSWORD: settings.secret() or "",
         transport_layer_properties.KEEP_ALIVE_INTERVAL: KEEP_ALIVE_MS,
         transport_layer_properties.KEEP_ALIVE_WITHOUT_RESPONSE_LIMIT: KEEP_ALIVE_MISSES,
+        transport_layer_properties.CONNECTION_ATTEMPTS_TIMEOUT: attempt_ms,
+        transport_layer_properties.CONNECTION_RETRIES: retries,
+        transport_layer_properties.CONNECTION_RETRIES_PER_HOST: 0,
+        transport_layer_properties.RECONNECTION_ATTEMPTS_WAIT_INTERVAL: RETRY_INTERVAL_MS,
         service_properties.GENERATE_SEND_TIMESTAMPS: True,
     }
 
 
 def build_service(settings: BrokerSettings, name: str) -> MessagingService:
-    """The (unconnected) messaging service: retries for `connect_timeout`, reconnects forever,
-    and TLS with the system's CA certificates for tcps:// URLs."""
-    retries = max(1, math.ceil(settings.connect_timeout * 1000 / RETRY_INTERVAL_MS))
+    """The (unconnected) messaging service: gives up connecting within `connect_timeout`,
+    reconnects forever once connected, and uses TLS with the system's CA certificates for
+    tcps:// URLs."""
     builder = (
         MessagingService.builder()
         .from_properties(session_properties(settings))
-        .with_connection_retry_strategy(
-            RetryStrategy.parametrized_retry(retries, RETRY_INTERVAL_MS)
-        )
         .with_reconnection_retry_strategy(RetryStrategy.forever_retry(RETRY_INTERVAL_MS))
     )
     if settings.url.lower().startswith("tcps://"):
