@@ -30,7 +30,7 @@ from solace.messaging.resources.topic import Topic
 
 from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.solace import adapter
-from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
+from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.destinations import Destination, OutputKind, event_destination, output_destination
 from lbg.settings import BrokerSettings
 
@@ -184,6 +184,36 @@ def test_receiver_uses_client_acks_and_the_activation_listener() -> None:
     assert shared._receiver_state_change_listener is None
 
 
+def test_a_receiver_taken_down_by_the_broker_reports_it_from_the_api_thread() -> None:
+    """The flow carries a TerminationNotificationListener (the API checks the type) from
+    before start, so the API's own handling of a flow's DOWN_ERROR event reaches the binding
+    as one line. Then start, in the adapter's order, refuses with a BrokerError."""
+    service = adapter.build_service(SETTINGS, "c")
+    downs: list[tuple[str, str]] = []
+    reported = threading.Event()
+
+    def down(reason: str) -> None:
+        downs.append((reason, threading.current_thread().name))
+        reported.set()
+
+    events = FlowEvents(state=lambda active: None, message=lambda message: None, down=down)
+    flow = adapter.receiver_flow(service, "lbg.g.q1", exclusive=True, events=events)
+    flow.receiver._on_receiver_down(  # what the API runs on the flow's DOWN_ERROR event
+        {
+            "caller_description": "flow callback",
+            "return_code": "Fail",
+            "sub_code": "SOLCLIENT_SUBCODE_QUEUE_SHUTDOWN",
+            "error_info_sub_code": 56,
+            "error_info_contents": "Queue Shutdown",
+        }
+    )
+    assert reported.wait(2), "the termination listener was not called"
+    assert downs[0][0] == "Queue Shutdown"
+    assert downs[0][1] != threading.current_thread().name
+    with pytest.raises(BrokerError, match=r"cannot bind to queue 'lbg\.g\.q1': "):
+        flow.start()
+
+
 def test_api_errors_become_one_line() -> None:
     error = Exception({"sub_code": "X", "error_info_contents": "TCP connection\nfailure"})
     assert adapter.describe(error) == "TCP connection failure"
@@ -215,9 +245,8 @@ def test_publish_receipts_from_another_thread_settle_the_publish() -> None:
 class FakeFlow:
     """A flow whose broker events are sent from a separate thread, like the API's."""
 
-    def __init__(self, on_state: Callable[[bool], None], on_message: Callable[[Any], None]):
-        self.on_state = on_state
-        self.on_message = on_message
+    def __init__(self, events: FlowEvents):
+        self.events = events
         self.started = False
         self.terminated = False
         self.acked: list[Any] = []
@@ -240,13 +269,21 @@ class FakeFlow:
         def emit() -> None:
             for event in events:
                 if isinstance(event, bool):
-                    self.on_state(event)
+                    self.events.state(event)
                 else:
-                    self.on_message(event)
+                    self.events.message(event)
 
-        thread = threading.Thread(target=emit)
-        thread.start()
-        thread.join()
+        on_api_thread(emit)
+
+    def down(self, reason: str) -> None:
+        """The API's termination notice, from another thread."""
+        on_api_thread(lambda: self.events.down(reason))
+
+
+def on_api_thread(call: Callable[[], None]) -> None:
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
 
 
 def read(body: bytes) -> Inbound:
@@ -263,8 +300,8 @@ async def make_binding(
 ) -> tuple[SolaceQueueBinding, list[FakeFlow]]:
     flows: list[FakeFlow] = []
 
-    def open_flow(on_state: Callable[[bool], None], on_message: Callable[[Any], None]) -> FakeFlow:
-        flows.append(FakeFlow(on_state, on_message))
+    def open_flow(events: FlowEvents) -> FakeFlow:
+        flows.append(FakeFlow(events))
         return flows[-1]
 
     def changed(queue: int, active: bool) -> None:
@@ -404,8 +441,8 @@ def test_a_failed_rebind_is_retried() -> None:
         await settle()
         original = binding._open
 
-        def failing_once(on_state: Any, on_message: Any) -> Any:
-            flow = original(on_state, on_message)
+        def failing_once(events: FlowEvents) -> Any:
+            flow = original(events)
             flow.fail_start = len(flows) == 2
             return flow
 
@@ -413,6 +450,40 @@ def test_a_failed_rebind_is_retried() -> None:
         await binding.release(0)
         await asyncio.sleep(0.4)
         assert [f.started for f in flows] == [True, False, True]
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_active_flow_that_goes_down_is_fenced_and_bound_again() -> None:
+    async def scenario() -> None:
+        changes: list[tuple[int, bool]] = []
+        binding, flows = await make_binding(changes=changes)
+        flows[0].send(True, b"m1")
+        await settle()
+        delivery = await binding.next()
+        flows[0].down("Queue Shutdown")
+        await settle()
+        assert not binding.owns(delivery) and not await binding.ack(delivery)
+        assert changes == [(3, True), (3, False)]
+        assert flows[0].terminated and len(flows) == 2 and flows[1].started and binding.waiting
+        flows[0].send(True, b"late")
+        await settle()
+        assert not binding.active
+        await binding.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_whose_flow_goes_down_binds_again() -> None:
+    async def scenario() -> None:
+        binding, flows = await make_binding()
+        flows[0].down("rebind failed")
+        await settle()
+        assert len(flows) == 2 and flows[1].started and binding.waiting
+        flows[0].down("reported twice")
+        await settle()
+        assert len(flows) == 2
         await binding.close()
 
     asyncio.run(scenario())

@@ -6,8 +6,9 @@
 - Events: persistent messages on `<HP>/<bucket>/<key>`; publish returns once the broker's
   publish receipt says the message is persisted, else raises PublishError.
 - Queues: one flow per binding on the group's exclusive queue, client acks, the
-  activation/passivation listener (binding.py). The session reconnects by itself, forever;
-  the API binds its flows again after a reconnect.
+  activation/passivation listener and the termination listener, which says when the broker
+  took the flow down (binding.py). The session reconnects by itself, forever; the API binds
+  its flows again after a reconnect.
 - Control: direct (non-persistent) messages on `_lbgctl/<group>/members`.
 - Outputs: read_output browses the output queue `lbg.<group>.out` with a queue browser: the
   messages kept there, oldest first, then new ones as they arrive, without consuming them.
@@ -61,6 +62,10 @@ from solace.messaging.receiver.message_receiver import MessageHandler
 from solace.messaging.resources.queue import Queue
 from solace.messaging.resources.topic import Topic
 from solace.messaging.resources.topic_subscription import TopicSubscription
+from solace.messaging.utils.life_cycle_control import (
+    TerminationEvent,
+    TerminationNotificationListener,
+)
 
 from lbg.broker.base import (
     Broker,
@@ -71,7 +76,7 @@ from lbg.broker.base import (
     QueueStatus,
     StateListener,
 )
-from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
+from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -228,6 +233,16 @@ class _Handler(MessageHandler):
         self._received(message)
 
 
+class _Termination(TerminationNotificationListener):
+    """The API's word that a receiver went down for good, passed on as one line."""
+
+    def __init__(self, down: Callable[[str], None]) -> None:
+        self._down = down
+
+    def on_termination(self, event: TerminationEvent) -> None:
+        self._down(describe(event.cause) if event.cause is not None else event.message)
+
+
 def receiver_builder(
     service: MessagingService, exclusive: bool, changed: Callable[[bool], None]
 ) -> Any:
@@ -240,25 +255,37 @@ def receiver_builder(
 
 
 class ReceiverFlow:
-    """A persistent receiver as the binding's Flow, with API errors as BrokerErrors."""
+    """A persistent receiver as the binding's Flow, with API errors as BrokerErrors. Its
+    termination listener is set before start, so a flow that goes down at once is noticed."""
 
-    def __init__(self, receiver: Any, received: Callable[[Any], None], label: str) -> None:
-        self._receiver = receiver
-        self._handler = _Handler(received)
+    def __init__(self, receiver: Any, events: FlowEvents, label: str) -> None:
+        self.receiver = receiver
+        self._handler = _Handler(events.message)
         self._label = label
+        receiver.set_termination_notification_listener(_Termination(events.down))
 
     def start(self) -> None:
         try:
-            self._receiver.start()
-            self._receiver.receive_async(self._handler)
+            self.receiver.start()
+            self.receiver.receive_async(self._handler)
         except PubSubPlusClientError as exc:
             raise BrokerError(f"cannot bind to queue '{self._label}': {describe(exc)}") from None
 
     def ack(self, message: Any) -> None:
-        self._receiver.ack(message)
+        self.receiver.ack(message)
 
     def terminate(self, grace_period: int = 0) -> None:
-        self._receiver.terminate(grace_period)
+        self.receiver.terminate(grace_period)
+
+
+def receiver_flow(
+    service: MessagingService, name: str, exclusive: bool, events: FlowEvents
+) -> ReceiverFlow:
+    """A flow, not yet bound, on the provisioned queue `name`, reporting to `events`."""
+    receiver = receiver_builder(service, exclusive, events.state).build(
+        queue_resource(name, exclusive)
+    )
+    return ReceiverFlow(receiver, events, name)
 
 
 class ReceiptBridge(MessagePublishReceiptListener):
@@ -497,16 +524,9 @@ class SolaceBroker(Broker):
     ) -> QueueBinding:
         name = queue_name(group, queue)
         exclusive = config.exclusive
-
-        def open_flow(changed: Callable[[bool], None], received: Callable[[Any], None]):
-            receiver = receiver_builder(self._service, exclusive, changed).build(
-                queue_resource(name, exclusive)
-            )
-            return ReceiverFlow(receiver, received, name)
-
         binding = SolaceQueueBinding(
             queue,
-            open_flow,
+            lambda events: receiver_flow(self._service, name, exclusive, events),
             inbound,
             exclusive=exclusive,
             client_id=client_id,
