@@ -25,13 +25,14 @@ from solace.messaging.config.solace_properties import (
     service_properties,
     transport_layer_properties,
 )
-from solace.messaging.messaging_service import MessagingService
+from solace.messaging.messaging_service import MessagingService, _ServiceEvent
 from solace.messaging.resources.topic import Topic
 
 from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.solace import adapter
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.destinations import Destination, OutputKind, event_destination, output_destination
+from lbg.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 SETTINGS = BrokerSettings(
@@ -509,6 +510,52 @@ def test_no_solace_equivalent_for_pinned_by_and_evict() -> None:
         assert await binding.evict("client-b/3/1") is False
         assert binding.active
         await binding.close()
+
+    asyncio.run(scenario())
+
+
+def fire(listeners: set[Callable[[Any], None]], message: str) -> None:
+    """What the API's listener thread does with a session event: call each registered
+    listener method with a ServiceEvent."""
+    event = _ServiceEvent("tcp://127.0.0.1:55555", None, message, time.time())
+    on_api_thread(lambda: [listener(event) for listener in listeners])
+
+
+def test_a_reconnecting_session_fences_its_bindings_and_binds_new_flows(
+    connected: MessagingService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker registers its connection listeners with the service (the API checks their
+    types); a reconnection attempt fences what the active binding was delivered and replaces
+    its flow, standby or not, because the broker may redeliver those messages elsewhere."""
+    flows: list[FakeFlow] = []
+
+    def fake_flow(service: Any, name: str, exclusive: bool, events: FlowEvents) -> FakeFlow:
+        flows.append(FakeFlow(events))
+        return flows[-1]
+
+    monkeypatch.setattr(adapter, "receiver_flow", fake_flow)
+    config = GroupConfig(hash_prefix="hp", hash_count=4, queue_count=2)
+
+    async def scenario() -> None:
+        broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
+        active = await broker.bind("g", config, 0, "client-a")
+        standby = await broker.bind("g", config, 1, "client-a")
+        flows[0].send(True, b"m1")
+        await settle()
+        delivery = await active.next()
+        fire(connected._attempt_listeners, "TCP connection failure")
+        await settle()
+        assert not active.owns(delivery) and not await active.ack(delivery)
+        assert flows[0].acked == [] and flows[0].terminated and flows[1].terminated
+        assert [flow.started for flow in flows[2:]] == [True, True]
+        assert not active.active and active.waiting and standby.waiting
+        fire(connected._reconnection_listeners, "reconnected")
+        fire(connected._service_interruption_listeners, "login failure")
+        await settle()
+        assert len(flows) == 6 and flows[2].terminated and flows[3].terminated
+        await active.close()
+        await standby.close()
+        await broker.close()
 
     asyncio.run(scenario())
 

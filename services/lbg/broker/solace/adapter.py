@@ -7,8 +7,8 @@
   publish receipt says the message is persisted, else raises PublishError.
 - Queues: one flow per binding on the group's exclusive queue, client acks, the
   activation/passivation listener and the termination listener, which says when the broker
-  took the flow down (binding.py). The session reconnects by itself, forever; the API binds
-  its flows again after a reconnect.
+  took the flow down (binding.py). The session reconnects by itself, forever; while it does,
+  every binding fences what it was delivered and binds a new flow (connection.py).
 - Control: direct (non-persistent) messages on `_lbgctl/<group>/members`.
 - Outputs: read_output browses the output queue `lbg.<group>.out` with a queue browser: the
   messages kept there, oldest first, then new ones as they arrive, without consuming them.
@@ -47,11 +47,7 @@ from solace.messaging.errors.pubsubplus_client_error import (
     PublisherOverflowError,
     PubSubPlusClientError,
 )
-from solace.messaging.messaging_service import (
-    MessagingService,
-    ReconnectionListener,
-    ServiceInterruptionListener,
-)
+from solace.messaging.messaging_service import MessagingService
 from solace.messaging.publisher.outbound_message import OutboundMessage
 from solace.messaging.publisher.persistent_message_publisher import (
     MessagePublishReceiptListener,
@@ -77,6 +73,7 @@ from lbg.broker.base import (
     StateListener,
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
+from lbg.broker.solace.connection import ConnectionWatch
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -324,16 +321,6 @@ class ReceiptBridge(MessagePublishReceiptListener):
         future.set_exception(PublishError(f"'{topic}' not persisted by the broker: {reason}"))
 
 
-class _ConnectionLog(ReconnectionListener, ServiceInterruptionListener):
-    """Logs the session's interruptions and reconnections."""
-
-    def on_reconnected(self, service_event: Any) -> None:
-        log.info("reconnected to the broker")
-
-    def on_service_interrupted(self, service_event: Any) -> None:
-        log.warning("broker connection lost: %s", service_event.get_message())
-
-
 async def queue_status(
     semp: SempClient, vpn: str, group: str, config: GroupConfig
 ) -> list[QueueStatus]:
@@ -379,6 +366,7 @@ class SolaceBroker(Broker):
         self._semp = semp
         self._loop = asyncio.get_running_loop()
         self._receipts = ReceiptBridge(self._loop)
+        self._connection = ConnectionWatch(self._loop)
         self._publisher: Any = None
         self._direct: Any = None
         self._receivers: set[Any] = set()
@@ -390,9 +378,6 @@ class SolaceBroker(Broker):
         """Connect and start the publishers. `priority_timeout` has no Solace equivalent: the
         broker alone decides when a flow stops being active."""
         service = build_service(settings, name)
-        events = _ConnectionLog()
-        service.add_reconnection_listener(events)
-        service.add_service_interruption_listener(events)
         try:
             await asyncio.to_thread(service.connect)
         except PubSubPlusClientError as exc:
@@ -406,9 +391,11 @@ class SolaceBroker(Broker):
     async def start(
         cls, service: MessagingService, settings: BrokerSettings, name: str
     ) -> SolaceBroker:
-        """The broker interface on a connected service, once its publishers have started."""
+        """The broker interface on a connected service, once it watches the service's
+        connection and its publishers have started."""
         broker = cls(service, settings, name)
         try:
+            broker._connection.register(service)
             await asyncio.to_thread(broker._start_publishers)
         except PubSubPlusClientError as exc:
             await broker.close()
@@ -537,6 +524,7 @@ class SolaceBroker(Broker):
             await binding.start()
         except BrokerError as exc:
             raise BrokerError(f"group '{group}' queue {queue}: {exc}") from None
+        self._connection.watch(binding)
         return binding
 
     async def publish_control(self, group: str, body: bytes) -> None:
