@@ -19,12 +19,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from solace.messaging.config._solace_message_constants import (
+    UNABLE_TO_RECEIVE_MESSAGE_BROWSER_ALREADY_TERMINATED,
+)
 from solace.messaging.config.receiver_activation_passivation_configuration import ReceiverState
 from solace.messaging.config.solace_properties import (
     authentication_properties,
     service_properties,
     transport_layer_properties,
 )
+from solace.messaging.errors.pubsubplus_client_error import IllegalStateError
 from solace.messaging.messaging_service import MessagingService, _ServiceEvent
 from solace.messaging.resources.topic import Topic
 
@@ -219,26 +223,61 @@ def test_api_errors_become_one_line() -> None:
     error = Exception({"sub_code": "X", "error_info_contents": "TCP connection\nfailure"})
     assert adapter.describe(error) == "TCP connection failure"
     assert adapter.describe(ValueError("plain")) == "plain"
+    assert adapter.describe(UnicodeEncodeError("utf-8", "\udc80", 0, 1, "surrogates")) == (
+        "'utf-8' codec can't encode character '\\udc80' in position 0: surrogates"
+    )
 
 
 def test_publish_receipts_from_another_thread_settle_the_publish() -> None:
     async def scenario() -> None:
         bridge = adapter.ReceiptBridge(asyncio.get_running_loop())
-        ok_key, ok = bridge.expect("hp/1/k")
-        bad_key, bad = bridge.expect("hp/2/k")
-        receipts = [
-            SimpleNamespace(user_context=ok_key, is_persisted=True, exception=None),
-            SimpleNamespace(
-                user_context=bad_key, is_persisted=False, exception=Exception("spool full")
-            ),
-            SimpleNamespace(user_context=999, is_persisted=True, exception=None),
-        ]
-        thread = threading.Thread(target=lambda: [bridge.on_publish_receipt(r) for r in receipts])
-        thread.start()
-        thread.join()
-        await asyncio.wait_for(ok, 1)
-        with pytest.raises(PublishError, match="'hp/2/k' not persisted by the broker: spool full"):
-            await asyncio.wait_for(bad, 1)
+        with bridge.expect("hp/1/k") as (ok_key, ok), bridge.expect("hp/2/k") as (bad_key, bad):
+            receipts = [
+                SimpleNamespace(user_context=ok_key, is_persisted=True, exception=None),
+                SimpleNamespace(
+                    user_context=bad_key, is_persisted=False, exception=Exception("spool full")
+                ),
+                SimpleNamespace(user_context=999, is_persisted=True, exception=None),
+            ]
+            on_api_thread(lambda: [bridge.on_publish_receipt(r) for r in receipts])
+            await asyncio.wait_for(ok, 1)
+            with pytest.raises(PublishError, match="'hp/2/k' not persisted by the broker: spool"):
+                await asyncio.wait_for(bad, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_pending_receipt_is_forgotten_however_the_publish_ends() -> None:
+    async def scenario() -> None:
+        bridge = adapter.ReceiptBridge(asyncio.get_running_loop())
+        with pytest.raises(ValueError), bridge.expect("hp/1/k"):
+            assert len(bridge) == 1
+            raise ValueError("refused by the API")
+        with bridge.expect("hp/1/k") as (key, receipt):
+            bridge.on_publish_receipt(
+                SimpleNamespace(user_context=key, is_persisted=True, exception=None)
+            )
+            await asyncio.wait_for(receipt, 1)
+        assert len(bridge) == 0
+
+    asyncio.run(scenario())
+
+
+def test_publish_turns_the_apis_refusals_into_publish_errors(connected: MessagingService) -> None:
+    """The API refuses bad input with ValueError and TypeError subclasses, not only with
+    PubSubPlusClientError; each becomes a PublishError naming the topic."""
+
+    async def scenario() -> None:
+        broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
+        try:
+            with pytest.raises(PublishError, match="not sent: Invalid topic: Too long"):
+                await broker.publish(event_destination("hp", 0, "k" * 250), b"body")
+            with pytest.raises(
+                PublishError, match=r"'hp/0/k' not sent: 'utf-8' codec can't encode .*surrogates"
+            ):
+                await broker.publish(event_destination("hp", 0, "k"), b"body", {"h": "\udc80"})
+        finally:
+            await broker.close()
 
     asyncio.run(scenario())
 
@@ -566,6 +605,44 @@ def test_read_output_refuses_clearly_without_queue_browsing() -> None:
         broker = adapter.SolaceBroker(service, SETTINGS, "v")  # type: ignore[arg-type]
         with pytest.raises(BrokerError, match="queue browsing"):
             await anext(broker.read_output("g1"))
+
+    asyncio.run(scenario())
+
+
+class TerminatedBrowser:
+    """A queue browser after its flow went down: the API's receive_message refuses."""
+
+    def __init__(self) -> None:
+        self.terminated = False
+
+    def start(self) -> None: ...
+
+    def receive_message(self, timeout: int | None = None) -> None:
+        raise IllegalStateError(UNABLE_TO_RECEIVE_MESSAGE_BROWSER_ALREADY_TERMINATED)
+
+    def terminate(self, grace_period: int = 0) -> None:
+        self.terminated = True
+
+
+def test_read_output_turns_the_browsers_refusals_into_broker_errors() -> None:
+    """On an unconnected service the real browser refuses to start; a browser whose flow
+    went down (no broker to do that here) refuses to receive. Both name the queue."""
+
+    async def scenario() -> None:
+        unconnected = adapter.SolaceBroker(adapter.build_service(SETTINGS, "v"), SETTINGS, "v")
+        with pytest.raises(
+            BrokerError, match=r"cannot browse queue 'lbg\.g1\.out': .* is connected"
+        ):
+            await anext(unconnected.read_output("g1"))
+        browser = TerminatedBrowser()
+        builder = SimpleNamespace(build=lambda queue: browser)
+        service = SimpleNamespace(create_message_queue_browser_builder=lambda: builder)
+        broker = adapter.SolaceBroker(service, SETTINGS, "v")  # type: ignore[arg-type]
+        with pytest.raises(
+            BrokerError, match=r"browsing queue 'lbg\.g1\.out' stopped: Unable to receive"
+        ):
+            await anext(broker.read_output("g1"))
+        assert browser.terminated
 
     asyncio.run(scenario())
 

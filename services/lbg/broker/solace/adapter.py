@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from solace.messaging.config.receiver_activation_passivation_configuration import (
@@ -119,11 +119,11 @@ def control_topic(group: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """One line from an API error, whose text is often a dict of the C library's error info."""
-    detail = exc.args[0] if exc.args else exc
+    detail = exc.args[0] if exc.args else None
     if isinstance(detail, dict):
         text = str(detail.get("error_info_contents") or detail.get("sub_code") or detail)
     else:
-        text = str(detail) or type(exc).__name__
+        text = str(exc) or type(exc).__name__
     return " ".join(text.split())[:300]
 
 
@@ -293,14 +293,21 @@ class ReceiptBridge(MessagePublishReceiptListener):
         self._ids = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future[None], str]] = {}
 
-    def expect(self, topic: str) -> tuple[int, asyncio.Future[None]]:
+    @contextlib.contextmanager
+    def expect(self, topic: str) -> Iterator[tuple[int, asyncio.Future[None]]]:
+        """A key to publish with and the future its receipt settles; forgotten on leaving,
+        however the publish ended (confirmed, refused, timed out or cancelled)."""
         key = next(self._ids)
         future = self._loop.create_future()
         self._pending[key] = (future, topic)
-        return key, future
+        try:
+            yield key, future
+        finally:
+            self._pending.pop(key, None)
 
-    def forget(self, key: int) -> None:
-        self._pending.pop(key, None)
+    def __len__(self) -> int:
+        """Publishes still waiting for their receipt."""
+        return len(self._pending)
 
     def on_publish_receipt(self, publish_receipt: PublishReceipt) -> None:
         self._loop.call_soon_threadsafe(
@@ -485,20 +492,19 @@ class SolaceBroker(Broker):
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         target = topic_name(destination)
-        key, receipt = self._receipts.expect(target)
-        try:
-            message = outbound_message(self._service, body, headers)
-            self._publisher.publish(message, Topic.of(target), user_context=key)
-        except PubSubPlusClientError as exc:
-            self._receipts.forget(key)
-            raise PublishError(f"'{target}' not sent: {describe(exc)}") from None
-        try:
-            await asyncio.wait_for(receipt, PUBLISH_TIMEOUT)
-        except TimeoutError:
-            self._receipts.forget(key)
-            raise PublishError(
-                f"no publish receipt for '{target}' within {PUBLISH_TIMEOUT:g}s"
-            ) from None
+        with self._receipts.expect(target) as (key, receipt):
+            try:
+                message = outbound_message(self._service, body, headers)
+                self._publisher.publish(message, Topic.of(target), user_context=key)
+                await asyncio.wait_for(receipt, PUBLISH_TIMEOUT)
+            except (PubSubPlusClientError, ValueError, TypeError) as exc:
+                # The API refuses bad input with ValueError and TypeError subclasses
+                # (IllegalArgumentError, InvalidDataTypeError), e.g. a topic over 250 bytes.
+                raise PublishError(f"'{target}' not sent: {describe(exc)}") from None
+            except TimeoutError:
+                raise PublishError(
+                    f"no publish receipt for '{target}' within {PUBLISH_TIMEOUT:g}s"
+                ) from None
 
     async def bind(
         self,
@@ -586,7 +592,7 @@ class SolaceBroker(Broker):
         kinds = {kind.value: kind for kind in OutputKind}
         try:
             while True:
-                for message in await asyncio.to_thread(_browse, browser):
+                for message in await asyncio.to_thread(_browse, browser, name):
                     received = inbound(message)
                     kind = kinds.get(received.subject.rsplit("/", 1)[-1])
                     if kind is not None:
@@ -598,17 +604,21 @@ class SolaceBroker(Broker):
                 await asyncio.to_thread(browser.terminate, 0)
 
 
-def _browse(browser: Any) -> list[InboundMessage]:
-    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there."""
-    first = browser.receive_message(BROWSE_WAIT_MS)
-    if first is None:
-        return []
-    batch = [first]
-    while len(batch) < BROWSE_BATCH:
-        message = browser.receive_message(0)
-        if message is None:
-            break
-        batch.append(message)
+def _browse(browser: Any, name: str) -> list[InboundMessage]:
+    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there. A
+    browser whose flow went down refuses to receive (IllegalStateError): a BrokerError."""
+    try:
+        first = browser.receive_message(BROWSE_WAIT_MS)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < BROWSE_BATCH:
+            message = browser.receive_message(0)
+            if message is None:
+                break
+            batch.append(message)
+    except PubSubPlusClientError as exc:
+        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
     return batch
 
 
