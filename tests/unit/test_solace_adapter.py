@@ -30,6 +30,9 @@ from solace.messaging.config.solace_properties import (
 )
 from solace.messaging.errors.pubsubplus_client_error import IllegalStateError
 from solace.messaging.messaging_service import MessagingService, _ServiceEvent
+from solace.messaging.publisher.outbound_message import OutboundMessage
+from solace.messaging.receiver._impl._inbound_message import _InboundMessage
+from solace.messaging.receiver.inbound_message import InboundMessage
 from solace.messaging.resources.topic import Topic
 
 from lbg.broker.base import BrokerError, PublishError
@@ -166,6 +169,33 @@ def test_outbound_messages_carry_headers_as_properties() -> None:
     assert message.get_properties() == {"Lbg-Seq": "12", "Lbg-Key": "k"}
     assert bytes(message.get_payload_as_bytes()) == b"\x00body"
     assert adapter.outbound_message(service, b"", None).get_properties() in ({}, None)
+
+
+def received(outbound: OutboundMessage) -> InboundMessage:
+    """A message the API built, read through the API's own InboundMessage class (as the
+    receiver wraps what arrives): the seam for messages that only a broker delivers."""
+    return _InboundMessage(outbound._solace_message)
+
+
+@pytest.mark.parametrize(
+    ("payload", "body"),
+    [
+        ("h\u00e9llo", "h\u00e9llo".encode()),
+        ("", b""),
+        (bytearray(b"\x00raw\xff"), b"\x00raw\xff"),
+        (bytearray(), b""),
+    ],
+)
+def test_inbound_bodies_are_bytes_and_string_containers_their_utf8_text(
+    payload: str | bytearray, body: bytes
+) -> None:
+    """Other Solace APIs send text as a string container, whose raw bytes carry its type and
+    length before the text; bytes payloads are passed on as they are."""
+    service = adapter.build_service(SETTINGS, "c")
+    message = service.message_builder().with_property("Lbg-Seq", "7").build(payload)
+    received_message = adapter.inbound(received(message))
+    assert (received_message.body, received_message.headers) == (body, {"Lbg-Seq": "7"})
+    assert not received_message.redelivered
 
 
 def test_receiver_uses_client_acks_and_the_activation_listener() -> None:

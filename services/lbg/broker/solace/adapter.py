@@ -199,11 +199,20 @@ def outbound_message(
     return builder.build(bytearray(body))
 
 
+def message_body(message: InboundMessage) -> bytes:
+    """The payload as bytes; a string container (how other Solace APIs send text) as its
+    UTF-8 text, since get_payload_as_bytes gives the container's encoding, header and all."""
+    text = message.get_payload_as_string()
+    if text is not None:
+        return text.encode()
+    return bytes(message.get_payload_as_bytes() or b"")
+
+
 def inbound(message: InboundMessage) -> Inbound:
     """Body, topic, user properties (as text) and the redelivered flag of a received message."""
     properties = message.get_properties() or {}
     return Inbound(
-        body=bytes(message.get_payload_as_bytes() or b""),
+        body=message_body(message),
         subject=message.get_destination_name() or "",
         headers={str(k): str(v) for k, v in properties.items()},
         redelivered=message.is_redelivered(),
