@@ -545,12 +545,13 @@ def test_an_active_flow_that_goes_down_is_fenced_and_bound_again() -> None:
     asyncio.run(scenario())
 
 
-def test_a_standby_whose_flow_goes_down_binds_again() -> None:
+def test_a_standby_whose_flow_goes_down_binds_again(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         binding, flows = await make_binding()
         flows[0].down("rebind failed")
         await settle()
         assert len(flows) == 2 and flows[1].started and binding.waiting
+        assert "queue 3: flow went down (rebind failed); binding again" in caplog.messages
         flows[0].down("reported twice")
         await settle()
         assert len(flows) == 2

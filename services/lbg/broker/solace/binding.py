@@ -270,6 +270,7 @@ class SolaceQueueBinding(EpochBinding):
 
     def _on_down(self, stint: int, reason: str) -> None:
         if stint == self._stint:
+            log.warning("queue %d: flow went down (%s); binding again", self.queue, reason)
             self.rebind(f"flow went down: {reason}")
 
     def _on_message(self, stint: int, message: Any) -> None:
