@@ -610,9 +610,10 @@ def test_a_reconnecting_session_fences_its_bindings_and_binds_new_flows(
         broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
         active = await broker.bind("g", config, 0, "client-a")
         standby = await broker.bind("g", config, 1, "client-a")
-        flows[0].send(True, b"m1")
+        flows[0].send(True, received(connected.message_builder().build(bytearray(b"m1"))))
         await settle()
         delivery = await active.next()
+        assert delivery.body == b"m1"
         fire(connected._attempt_listeners, "TCP connection failure")
         await settle()
         assert not active.owns(delivery) and not await active.ack(delivery)
