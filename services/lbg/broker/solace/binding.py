@@ -14,7 +14,8 @@ the back of the standby line, as the original's cycling of secondary connections
 
 A flow the broker takes down (queue deleted or shut, a failed rebind) says so through the
 API's termination listener and delivers nothing more: the binding drops it, with what it
-delivered, and binds a new flow, retrying with backoff while the queue cannot be bound.
+delivered, and binds a new flow, retrying with backoff while the queue cannot be bound. The
+adapter does the same to every binding while the session reconnects (`rebind`, connection.py).
 
 No Solace equivalent, nearest behaviour instead: the broker shows other clients no token of
 a flow's ownership, so `pinned_by` answers None (nobody known) and `evict` does nothing and
