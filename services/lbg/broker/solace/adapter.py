@@ -6,8 +6,9 @@
 - Events: persistent messages on `<HP>/<bucket>/<key>`; publish returns once the broker's
   publish receipt says the message is persisted, else raises PublishError.
 - Queues: one flow per binding on the group's exclusive queue, client acks, the
-  activation/passivation listener (binding.py). The session reconnects by itself, forever;
-  the API binds its flows again after a reconnect.
+  activation/passivation listener and the termination listener, which says when the broker
+  took the flow down (binding.py). The session reconnects by itself, forever; while it does,
+  every binding fences what it was delivered and binds a new flow (connection.py).
 - Control: direct (non-persistent) messages on `_lbgctl/<group>/members`.
 - Outputs: read_output browses the output queue `lbg.<group>.out` with a queue browser: the
   messages kept there, oldest first, then new ones as they arrive, without consuming them.
@@ -25,11 +26,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import re
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from solace.messaging.config.receiver_activation_passivation_configuration import (
@@ -47,11 +47,7 @@ from solace.messaging.errors.pubsubplus_client_error import (
     PublisherOverflowError,
     PubSubPlusClientError,
 )
-from solace.messaging.messaging_service import (
-    MessagingService,
-    ReconnectionListener,
-    ServiceInterruptionListener,
-)
+from solace.messaging.messaging_service import MessagingService
 from solace.messaging.publisher.outbound_message import OutboundMessage
 from solace.messaging.publisher.persistent_message_publisher import (
     MessagePublishReceiptListener,
@@ -62,6 +58,10 @@ from solace.messaging.receiver.message_receiver import MessageHandler
 from solace.messaging.resources.queue import Queue
 from solace.messaging.resources.topic import Topic
 from solace.messaging.resources.topic_subscription import TopicSubscription
+from solace.messaging.utils.life_cycle_control import (
+    TerminationEvent,
+    TerminationNotificationListener,
+)
 
 from lbg.broker.base import (
     Broker,
@@ -73,7 +73,8 @@ from lbg.broker.base import (
     StateListener,
     UndeliverableKey,
 )
-from lbg.broker.solace.binding import Inbound, SolaceQueueBinding
+from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
+from lbg.broker.solace.connection import ConnectionWatch
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -91,6 +92,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
 RETRY_INTERVAL_MS = 500
+ATTEMPT_TIMEOUT_MS = 2000
 KEEP_ALIVE_MS = 1000
 KEEP_ALIVE_MISSES = 3
 CONTROL_BUFFER = 10_000
@@ -127,16 +129,30 @@ def control_topic(group: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """One line from an API error, whose text is often a dict of the C library's error info."""
-    detail = exc.args[0] if exc.args else exc
+    detail = exc.args[0] if exc.args else None
     if isinstance(detail, dict):
         text = str(detail.get("error_info_contents") or detail.get("sub_code") or detail)
     else:
-        text = str(detail) or type(exc).__name__
+        text = str(exc) or type(exc).__name__
     return " ".join(text.split())[:300]
 
 
+def connection_attempts(connect_timeout: float, hosts: int = 1) -> tuple[int, int]:
+    """(retries, ms per attempt) for connecting within `connect_timeout` even when no host
+    answers: every pass tries each host once, waiting RETRY_INTERVAL_MS after each failure
+    (so a list of N hosts cannot give up in less than N-1 waits)."""
+    budget = max(1, round(connect_timeout * 1000))
+    per_host = (budget - (hosts - 1) * RETRY_INTERVAL_MS) // hosts
+    attempt = max(1, min(ATTEMPT_TIMEOUT_MS, per_host))
+    passes = (budget + RETRY_INTERVAL_MS) // (hosts * (attempt + RETRY_INTERVAL_MS))
+    return max(0, passes - 1), attempt
+
+
 def session_properties(settings: BrokerSettings) -> dict[str, Any]:
-    """Host, Message VPN, basic credentials, keepalive and send timestamps for the session."""
+    """Host, Message VPN, basic credentials, keepalive, send timestamps, and connection
+    attempts bounded so that connecting gives up within `connect_timeout`."""
+    host_count = len(settings.url.split(","))  # an HA pair or list: "tcp://a,tcp://b"
+    retries, attempt_ms = connection_attempts(settings.connect_timeout, host_count)
     return {
         transport_layer_properties.HOST: settings.url,
         service_properties.VPN_NAME: settings.vpn,
@@ -144,20 +160,21 @@ def session_properties(settings: BrokerSettings) -> dict[str, Any]:
         authentication_properties.SCHEME_BASIC_PASSWORD: settings.secret() or "",
         transport_layer_properties.KEEP_ALIVE_INTERVAL: KEEP_ALIVE_MS,
         transport_layer_properties.KEEP_ALIVE_WITHOUT_RESPONSE_LIMIT: KEEP_ALIVE_MISSES,
+        transport_layer_properties.CONNECTION_ATTEMPTS_TIMEOUT: attempt_ms,
+        transport_layer_properties.CONNECTION_RETRIES: retries,
+        transport_layer_properties.CONNECTION_RETRIES_PER_HOST: 0,
+        transport_layer_properties.RECONNECTION_ATTEMPTS_WAIT_INTERVAL: RETRY_INTERVAL_MS,
         service_properties.GENERATE_SEND_TIMESTAMPS: True,
     }
 
 
 def build_service(settings: BrokerSettings, name: str) -> MessagingService:
-    """The (unconnected) messaging service: retries for `connect_timeout`, reconnects forever,
-    and TLS with the system's CA certificates for tcps:// URLs."""
-    retries = max(1, math.ceil(settings.connect_timeout * 1000 / RETRY_INTERVAL_MS))
+    """The (unconnected) messaging service: gives up connecting within `connect_timeout`,
+    reconnects forever once connected, and uses TLS with the system's CA certificates for
+    tcps:// URLs."""
     builder = (
         MessagingService.builder()
         .from_properties(session_properties(settings))
-        .with_connection_retry_strategy(
-            RetryStrategy.parametrized_retry(retries, RETRY_INTERVAL_MS)
-        )
         .with_reconnection_retry_strategy(RetryStrategy.forever_retry(RETRY_INTERVAL_MS))
     )
     if settings.url.lower().startswith("tcps://"):
@@ -192,11 +209,20 @@ def outbound_message(
     return builder.build(bytearray(body))
 
 
+def message_body(message: InboundMessage) -> bytes:
+    """The payload as bytes; a string container (how other Solace APIs send text) as its
+    UTF-8 text, since get_payload_as_bytes gives the container's encoding, header and all."""
+    text = message.get_payload_as_string()
+    if text is not None:
+        return text.encode()
+    return bytes(message.get_payload_as_bytes() or b"")
+
+
 def inbound(message: InboundMessage) -> Inbound:
     """Body, topic, user properties (as text) and the redelivered flag of a received message."""
     properties = message.get_properties() or {}
     return Inbound(
-        body=bytes(message.get_payload_as_bytes() or b""),
+        body=message_body(message),
         subject=message.get_destination_name() or "",
         headers={str(k): str(v) for k, v in properties.items()},
         redelivered=message.is_redelivered(),
@@ -223,6 +249,16 @@ class _Handler(MessageHandler):
         self._received(message)
 
 
+class _Termination(TerminationNotificationListener):
+    """The API's word that a receiver went down for good, passed on as one line."""
+
+    def __init__(self, down: Callable[[str], None]) -> None:
+        self._down = down
+
+    def on_termination(self, event: TerminationEvent) -> None:
+        self._down(describe(event.cause) if event.cause is not None else event.message)
+
+
 def receiver_builder(
     service: MessagingService, exclusive: bool, changed: Callable[[bool], None]
 ) -> Any:
@@ -235,25 +271,37 @@ def receiver_builder(
 
 
 class ReceiverFlow:
-    """A persistent receiver as the binding's Flow, with API errors as BrokerErrors."""
+    """A persistent receiver as the binding's Flow, with API errors as BrokerErrors. Its
+    termination listener is set before start, so a flow that goes down at once is noticed."""
 
-    def __init__(self, receiver: Any, received: Callable[[Any], None], label: str) -> None:
-        self._receiver = receiver
-        self._handler = _Handler(received)
+    def __init__(self, receiver: Any, events: FlowEvents, label: str) -> None:
+        self.receiver = receiver
+        self._handler = _Handler(events.message)
         self._label = label
+        receiver.set_termination_notification_listener(_Termination(events.down))
 
     def start(self) -> None:
         try:
-            self._receiver.start()
-            self._receiver.receive_async(self._handler)
+            self.receiver.start()
+            self.receiver.receive_async(self._handler)
         except PubSubPlusClientError as exc:
             raise BrokerError(f"cannot bind to queue '{self._label}': {describe(exc)}") from None
 
     def ack(self, message: Any) -> None:
-        self._receiver.ack(message)
+        self.receiver.ack(message)
 
     def terminate(self, grace_period: int = 0) -> None:
-        self._receiver.terminate(grace_period)
+        self.receiver.terminate(grace_period)
+
+
+def receiver_flow(
+    service: MessagingService, name: str, exclusive: bool, events: FlowEvents
+) -> ReceiverFlow:
+    """A flow, not yet bound, on the provisioned queue `name`, reporting to `events`."""
+    receiver = receiver_builder(service, exclusive, events.state).build(
+        queue_resource(name, exclusive)
+    )
+    return ReceiverFlow(receiver, events, name)
 
 
 class ReceiptBridge(MessagePublishReceiptListener):
@@ -264,14 +312,21 @@ class ReceiptBridge(MessagePublishReceiptListener):
         self._ids = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future[None], str]] = {}
 
-    def expect(self, topic: str) -> tuple[int, asyncio.Future[None]]:
+    @contextlib.contextmanager
+    def expect(self, topic: str) -> Iterator[tuple[int, asyncio.Future[None]]]:
+        """A key to publish with and the future its receipt settles; forgotten on leaving,
+        however the publish ended (confirmed, refused, timed out or cancelled)."""
         key = next(self._ids)
         future = self._loop.create_future()
         self._pending[key] = (future, topic)
-        return key, future
+        try:
+            yield key, future
+        finally:
+            self._pending.pop(key, None)
 
-    def forget(self, key: int) -> None:
-        self._pending.pop(key, None)
+    def __len__(self) -> int:
+        """Publishes still waiting for their receipt."""
+        return len(self._pending)
 
     def on_publish_receipt(self, publish_receipt: PublishReceipt) -> None:
         self._loop.call_soon_threadsafe(
@@ -290,16 +345,6 @@ class ReceiptBridge(MessagePublishReceiptListener):
             return
         reason = describe(exception) if exception is not None else "not persisted"
         future.set_exception(PublishError(f"'{topic}' not persisted by the broker: {reason}"))
-
-
-class _ConnectionLog(ReconnectionListener, ServiceInterruptionListener):
-    """Logs the session's interruptions and reconnections."""
-
-    def on_reconnected(self, service_event: Any) -> None:
-        log.info("reconnected to the broker")
-
-    def on_service_interrupted(self, service_event: Any) -> None:
-        log.warning("broker connection lost: %s", service_event.get_message())
 
 
 async def queue_status(
@@ -349,6 +394,7 @@ class SolaceBroker(Broker):
         self._semp = semp
         self._loop = asyncio.get_running_loop()
         self._receipts = ReceiptBridge(self._loop)
+        self._connection = ConnectionWatch(self._loop)
         self._publisher: Any = None
         self._direct: Any = None
         self._receivers: set[Any] = set()
@@ -360,9 +406,6 @@ class SolaceBroker(Broker):
         """Connect and start the publishers. `priority_timeout` has no Solace equivalent: the
         broker alone decides when a flow stops being active."""
         service = build_service(settings, name)
-        events = _ConnectionLog()
-        service.add_reconnection_listener(events)
-        service.add_service_interruption_listener(events)
         try:
             await asyncio.to_thread(service.connect)
         except PubSubPlusClientError as exc:
@@ -370,8 +413,17 @@ class SolaceBroker(Broker):
                 f"cannot connect to {settings.shown_url} within {settings.connect_timeout:g}s"
                 f" ({describe(exc)})"
             ) from None
+        return await cls.start(service, settings, name)
+
+    @classmethod
+    async def start(
+        cls, service: MessagingService, settings: BrokerSettings, name: str
+    ) -> SolaceBroker:
+        """The broker interface on a connected service, once it watches the service's
+        connection and its publishers have started."""
         broker = cls(service, settings, name)
         try:
+            broker._connection.register(service)
             await asyncio.to_thread(broker._start_publishers)
         except PubSubPlusClientError as exc:
             await broker.close()
@@ -381,14 +433,16 @@ class SolaceBroker(Broker):
         return broker
 
     def _start_publishers(self) -> None:
+        """The persistent publisher takes its receipt listener only once started (the API
+        refuses it before: IllegalStateError), then the direct one for control messages."""
         publisher = (
             self._service.create_persistent_message_publisher_builder()
             .on_back_pressure_elastic()
             .build()
         )
-        publisher.set_message_publish_receipt_listener(self._receipts)
         publisher.start()
         self._publisher = publisher
+        publisher.set_message_publish_receipt_listener(self._receipts)
         direct = (
             self._service.create_direct_message_publisher_builder()
             .on_back_pressure_reject(CONTROL_BUFFER)
@@ -459,20 +513,19 @@ class SolaceBroker(Broker):
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         target = topic_name(destination)
-        key, receipt = self._receipts.expect(target)
-        try:
-            message = outbound_message(self._service, body, headers)
-            self._publisher.publish(message, Topic.of(target), user_context=key)
-        except PubSubPlusClientError as exc:
-            self._receipts.forget(key)
-            raise PublishError(f"'{target}' not sent: {describe(exc)}") from None
-        try:
-            await asyncio.wait_for(receipt, PUBLISH_TIMEOUT)
-        except TimeoutError:
-            self._receipts.forget(key)
-            raise PublishError(
-                f"no publish receipt for '{target}' within {PUBLISH_TIMEOUT:g}s"
-            ) from None
+        with self._receipts.expect(target) as (key, receipt):
+            try:
+                message = outbound_message(self._service, body, headers)
+                self._publisher.publish(message, Topic.of(target), user_context=key)
+                await asyncio.wait_for(receipt, PUBLISH_TIMEOUT)
+            except (PubSubPlusClientError, ValueError, TypeError) as exc:
+                # The API refuses bad input with ValueError and TypeError subclasses
+                # (IllegalArgumentError, InvalidDataTypeError), e.g. a topic over 250 bytes.
+                raise PublishError(f"'{target}' not sent: {describe(exc)}") from None
+            except TimeoutError:
+                raise PublishError(
+                    f"no publish receipt for '{target}' within {PUBLISH_TIMEOUT:g}s"
+                ) from None
 
     async def bind(
         self,
@@ -485,16 +538,9 @@ class SolaceBroker(Broker):
     ) -> QueueBinding:
         name = queue_name(group, queue)
         exclusive = config.exclusive
-
-        def open_flow(changed: Callable[[bool], None], received: Callable[[Any], None]):
-            receiver = receiver_builder(self._service, exclusive, changed).build(
-                queue_resource(name, exclusive)
-            )
-            return ReceiverFlow(receiver, received, name)
-
         binding = SolaceQueueBinding(
             queue,
-            open_flow,
+            lambda events: receiver_flow(self._service, name, exclusive, events),
             inbound,
             exclusive=exclusive,
             client_id=client_id,
@@ -505,6 +551,7 @@ class SolaceBroker(Broker):
             await binding.start()
         except BrokerError as exc:
             raise BrokerError(f"group '{group}' queue {queue}: {exc}") from None
+        self._connection.watch(binding)
         return binding
 
     async def publish_control(self, group: str, body: bytes) -> None:
@@ -566,7 +613,7 @@ class SolaceBroker(Broker):
         kinds = {kind.value: kind for kind in OutputKind}
         try:
             while True:
-                for message in await asyncio.to_thread(_browse, browser):
+                for message in await asyncio.to_thread(_browse, browser, name):
                     received = inbound(message)
                     kind = kinds.get(received.subject.rsplit("/", 1)[-1])
                     if kind is not None:
@@ -578,17 +625,21 @@ class SolaceBroker(Broker):
                 await asyncio.to_thread(browser.terminate, 0)
 
 
-def _browse(browser: Any) -> list[InboundMessage]:
-    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there."""
-    first = browser.receive_message(BROWSE_WAIT_MS)
-    if first is None:
-        return []
-    batch = [first]
-    while len(batch) < BROWSE_BATCH:
-        message = browser.receive_message(0)
-        if message is None:
-            break
-        batch.append(message)
+def _browse(browser: Any, name: str) -> list[InboundMessage]:
+    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there. A
+    browser whose flow went down refuses to receive (IllegalStateError): a BrokerError."""
+    try:
+        first = browser.receive_message(BROWSE_WAIT_MS)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < BROWSE_BATCH:
+            message = browser.receive_message(0)
+            if message is None:
+                break
+            batch.append(message)
+    except PubSubPlusClientError as exc:
+        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
     return batch
 
 

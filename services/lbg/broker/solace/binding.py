@@ -12,6 +12,11 @@ Solace's order-safe hand-over: the broker puts the unacked messages back, in ord
 next flow. Callbacks of an unbound flow are ignored. Release then waits and binds again, at
 the back of the standby line, as the original's cycling of secondary connections did.
 
+A flow the broker takes down (queue deleted or shut, a failed rebind) says so through the
+API's termination listener and delivers nothing more: the binding drops it, with what it
+delivered, and binds a new flow, retrying with backoff while the queue cannot be bound. The
+adapter does the same to every binding while the session reconnects (`rebind`, connection.py).
+
 No Solace equivalent, nearest behaviour instead: the broker shows other clients no token of
 a flow's ownership, so `pinned_by` answers None (nobody known) and `evict` does nothing and
 answers False: a gone owner loses its queue when the broker finds its session dead
@@ -46,6 +51,16 @@ class Flow(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class FlowEvents:
+    """Where a flow reports, on the API's threads: the broker's word on whether it is the
+    active flow, each message delivered, and the flow going down for good (with the reason)."""
+
+    state: Callable[[bool], None]
+    message: Callable[[Any], None]
+    down: Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     """What the binding needs of one received message."""
 
@@ -55,8 +70,8 @@ class Inbound:
     redelivered: bool
 
 
-# Builds a flow, not yet bound; once started, its callbacks are called on the API's threads.
-OpenFlow = Callable[[Callable[[bool], None], Callable[[Any], None]], Flow]
+# Builds a flow, not yet bound, that reports to the given events once started.
+OpenFlow = Callable[[FlowEvents], Flow]
 
 
 class SolaceQueueBinding(EpochBinding):
@@ -156,8 +171,14 @@ class SolaceQueueBinding(EpochBinding):
         if not self.active:
             self._lose(reason)
             return
-        flow = self._drop_flow(reason)
-        self._spawn(self._cycle(flow, 0.0))
+        self.rebind(reason)
+
+    def rebind(self, reason: str) -> None:
+        """Drop the flow, active or not, with everything it delivered, and bind a new one: the
+        old one went down or can no longer be trusted."""
+        if self._closed:
+            return
+        self._spawn(self._cycle(self._drop_flow(reason), 0.0))
 
     async def release(self, standby_delay: float) -> None:
         if not self._exclusive:
@@ -185,13 +206,12 @@ class SolaceQueueBinding(EpochBinding):
             stint = self._stint
             loop = self._loop
 
-            def on_state(active: bool) -> None:
-                loop.call_soon_threadsafe(self._on_state, stint, active)
-
-            def on_message(message: Any) -> None:
-                loop.call_soon_threadsafe(self._on_message, stint, message)
-
-            flow = self._open(on_state, on_message)
+            events = FlowEvents(
+                state=lambda active: loop.call_soon_threadsafe(self._on_state, stint, active),
+                message=lambda message: loop.call_soon_threadsafe(self._on_message, stint, message),
+                down=lambda reason: loop.call_soon_threadsafe(self._on_down, stint, reason),
+            )
+            flow = self._open(events)
             self._flow = flow
             try:
                 await asyncio.to_thread(flow.start)
@@ -248,6 +268,11 @@ class SolaceQueueBinding(EpochBinding):
             self._set_active(True, "activated by the broker")
         else:
             self._lose("passivated by the broker")
+
+    def _on_down(self, stint: int, reason: str) -> None:
+        if stint == self._stint:
+            log.warning("queue %d: flow went down (%s); binding again", self.queue, reason)
+            self.rebind(f"flow went down: {reason}")
 
     def _on_message(self, stint: int, message: Any) -> None:
         if stint != self._stint:
