@@ -35,7 +35,7 @@ from solace.messaging.receiver._impl._inbound_message import _InboundMessage
 from solace.messaging.receiver.inbound_message import InboundMessage
 from solace.messaging.resources.topic import Topic
 
-from lbg.broker.base import BrokerError, PublishError
+from lbg.broker.base import BrokerError, PublishError, UndeliverableKey
 from lbg.broker.solace import adapter
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.destinations import Destination, OutputKind, event_destination, output_destination
@@ -295,12 +295,13 @@ def test_a_pending_receipt_is_forgotten_however_the_publish_ends() -> None:
 
 def test_publish_turns_the_apis_refusals_into_publish_errors(connected: MessagingService) -> None:
     """The API refuses bad input with ValueError and TypeError subclasses, not only with
-    PubSubPlusClientError; each becomes a PublishError naming the topic."""
+    PubSubPlusClientError; each becomes a PublishError naming the topic. A topic over Solace's
+    250 bytes is refused before the API sees it, as a key that cannot travel in a topic."""
 
     async def scenario() -> None:
         broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
         try:
-            with pytest.raises(PublishError, match="not sent: Invalid topic: Too long"):
+            with pytest.raises(UndeliverableKey, match="exceeds Solace's 250"):
                 await broker.publish(event_destination("hp", 0, "k" * 250), b"body")
             with pytest.raises(
                 PublishError, match=r"'hp/0/k' not sent: 'utf-8' codec can't encode .*surrogates"
