@@ -183,7 +183,8 @@ def test_a_foreign_producer_reaches_the_handler_byte_for_byte_in_order_through_f
     events = plan(group_name, 32)
     members = {name: start_member(deployment, name) for name in ("client-a", "client-b")}
     for member in members.values():
-        wait_for_log(member, "members ['client-a', 'client-b']")
+        wait_for_log(member, "joined")
+    time.sleep(1.0)  # the members see each other (heartbeats) and share the queues
 
     thread = publish_in_background(broker, group_name, events)
     time.sleep(1.5)
