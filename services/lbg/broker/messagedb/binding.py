@@ -37,6 +37,7 @@ from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
 from lbg.broker.messagedb import generations, naming
 from lbg.broker.messagedb.generations import Generation
 from lbg.broker.messagedb.positions import Positions
+from lbg.broker.messagedb.rows import COLUMNS, read_row
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +374,7 @@ class MessageDbBinding(EpochBinding):
         assert self._stint is not None
         epoch = self._epoch
         rows = await conn.fetch(
-            "SELECT global_position, data, metadata FROM "
-            "message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
+            f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
             self._category,
             self._next,
             BATCH,
@@ -393,14 +393,14 @@ class MessageDbBinding(EpochBinding):
             position = int(row["global_position"])
             if end is not None and position > end:
                 break
-            subject, headers = naming.decode_metadata(row["metadata"])
+            body, headers = read_row(row)
             self._positions.hand_out(position)
             self._next = position + 1
             taken += 1
             self._buffer.put_nowait(
                 Delivery(
-                    body=naming.decode_data(row["data"]),
-                    subject=subject,
+                    body=body,
+                    subject=row["stream_name"],
                     headers=headers,
                     redelivered=False,
                     epoch=epoch,

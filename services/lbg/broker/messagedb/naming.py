@@ -1,4 +1,4 @@
-"""How a group maps onto Message DB: categories, stream names, cardinal ids, message data.
+"""How a group maps onto Message DB: categories, stream names, cardinal ids, keys.
 
 Per group `<g>` with hash prefix `<HP>` (a '-' in a name becomes '~': Message DB's category
 ends at the first '-'):
@@ -10,23 +10,23 @@ ends at the first '-'):
 - positions: `lbg:<HP>:position-<member>`, as Message DB consumers record theirs;
 - output (validation records, dead letters, summaries): streams `lbgout:<g>-<kind>`;
 - the config (the JNDI analogue): stream `lbgconfig-<g>`, its last message the current one.
+
+A delivered event's key is read back from its stream name: the stream's id, less the cardinal
+id and its '+' in an `lbg:` category.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
 
-import orjson
-
-from lbg.destinations import Destination, OutputKind, level_token
+from lbg.destinations import OutputKind
 from lbg.group import GroupConfig
 from lbg.hashing import messagedb_bucket
 
 CONFIG_CATEGORY = "lbgconfig"
+EVENT_PREFIX = "lbg:"
 MAX_GROUP_SIZE = 32767  # get_category_messages casts the group size to smallint
 MAX_TAG_MODULUS = 200_000  # bounds the search for bucket tags to a few seconds
 
@@ -66,7 +66,7 @@ def check_layout(config: GroupConfig) -> None:
 
 
 def event_category(hash_prefix: str) -> str:
-    return f"lbg:{_safe(hash_prefix)}"
+    return f"{EVENT_PREFIX}{_safe(hash_prefix)}"
 
 
 def position_category(hash_prefix: str) -> str:
@@ -121,41 +121,18 @@ def event_stream(config: GroupConfig, bucket: int, key: str) -> str:
     return f"{event_category(config.hash_prefix)}-{cardinal_id(config, bucket, key)}+{key}"
 
 
+def key_of_stream(stream_name: str) -> str:
+    """An event's key from its stream name: the id (everything after the first '-'); in an
+    `lbg:` category the part of it after the cardinal id's '+', if it has one."""
+    category, _, stream_id = stream_name.partition("-")
+    if category.startswith(EVENT_PREFIX):
+        _, plus, key = stream_id.partition("+")
+        return key if plus else stream_id
+    return stream_id
+
+
 def lock_keys(hash_prefix: str, member: int) -> tuple[int, int]:
     """The two int4 keys of a member's session advisory lock (kept apart from Message DB's
     own one-bigint write locks, which live in another key space)."""
     digest = hashlib.md5(event_category(hash_prefix).encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF, member
-
-
-def encode_data(body: bytes) -> str:
-    """The body as Message DB `data` (jsonb): UTF-8 text as is, anything else as base64."""
-    try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text:
-        return orjson.dumps({"base64": base64.b64encode(body).decode()}).decode()
-    return orjson.dumps({"text": text}).decode()
-
-
-def decode_data(data: str) -> bytes:
-    document = orjson.loads(data)
-    if "base64" in document:
-        return base64.b64decode(document["base64"])
-    return str(document.get("text", "")).encode()
-
-
-def subject(destination: Destination) -> str:
-    """The destination as NATS and RabbitMQ spell it (`HP.bucket.key`), for dead letters."""
-    return ".".join(level_token(level) for level in destination.levels)
-
-
-def encode_metadata(subject: str, headers: Mapping[str, str]) -> str:
-    return orjson.dumps({"subject": subject, "headers": dict(headers)}).decode()
-
-
-def decode_metadata(metadata: str | None) -> tuple[str, dict[str, str]]:
-    document = orjson.loads(metadata) if metadata else {}
-    headers = document.get("headers") or {}
-    return str(document.get("subject", "")), {str(k): str(v) for k, v in headers.items()}
