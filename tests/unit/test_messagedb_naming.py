@@ -52,3 +52,20 @@ def test_a_stream_in_a_groups_category_without_a_cardinal_id_keeps_its_whole_id(
     assert naming.key_of_stream("lbg:p-123") == "123"
     assert naming.key_of_stream("lbg:p-t7+account-1+x") == "account-1+x"
     assert naming.key_of_stream("account") == ""
+
+
+def test_a_group_over_a_category_writes_and_reads_it_and_keeps_its_own_names() -> None:
+    config = GroupConfig("acc-1", 12, 4, hash_function="messagedb", category="account")
+    assert naming.event_stream(config, config.bucket_for_key("12+eu"), "12+eu") == "account-12+eu"
+    assert naming.source_category(config) == "account"
+    assert naming.source_category(GroupConfig("acc-1", 12, 4)) == "lbg:acc~1"
+    assert naming.position_stream(config.hash_prefix, 3) == "lbg:acc~1:position-3"
+    assert messagedb_bucket("account-12+eu", 4) == config.queue_for_key("12+eu")
+    naming.check_layout(config)
+
+
+@pytest.mark.parametrize("category", ["lbg:x", "lbgout:g", "lbgconfig"])
+def test_a_group_cannot_read_the_groups_own_categories(category: str) -> None:
+    config = GroupConfig("p", 12, 4, hash_function="messagedb", category=category)
+    with pytest.raises(naming.LayoutError, match=rf"^CA \(category\) '{category}' is where"):
+        naming.check_layout(config)

@@ -34,6 +34,7 @@ from lbg.broker.base import (
     QueueStatus,
     Resize,
     StateListener,
+    UndeliverableEvent,
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
@@ -238,11 +239,10 @@ class MessageDbBroker(Broker):
 
     async def delete_group(self, name: str) -> None:
         config = await self.read_group(name)
-        categories = [
-            naming.event_category(config.hash_prefix),
-            naming.position_category(config.hash_prefix),
-            naming.output_category(name),
-        ]
+        # A group over an existing category leaves it alone: its rows are not the group's.
+        categories = [naming.position_category(config.hash_prefix), naming.output_category(name)]
+        if config.category is None:
+            categories.append(naming.event_category(config.hash_prefix))
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
@@ -264,7 +264,7 @@ class MessageDbBroker(Broker):
         self._configs.pop(config.hash_prefix, None)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        category = naming.event_category(config.hash_prefix)
+        category = naming.source_category(config)
         status = []
         try:
             async with self.pool.acquire() as conn:
@@ -316,27 +316,32 @@ class MessageDbBroker(Broker):
 
     async def _target(
         self, destination: Destination, headers: Mapping[str, str]
-    ) -> tuple[str, str]:
-        """The stream and message type a destination's messages are written to."""
+    ) -> tuple[str, str, bool]:
+        """The stream and message type a destination's messages are written to, and whether
+        the body must be the data itself (an event in a category that other writers share)."""
         levels = destination.levels
         if len(levels) >= 3 and levels[0] == SYSTEM_PREFIX:
             try:
                 kind = OutputKind(levels[2])
             except ValueError:
                 raise PublishError(f"'{destination}' is no output destination") from None
-            return naming.output_stream(levels[1], kind), kind.value
+            return naming.output_stream(levels[1], kind), kind.value, False
         config = await self._config_for_prefix(levels[0])
         if len(levels) < 3 or not levels[1].isdigit() or int(levels[1]) >= config.hash_count:
             raise PublishError(f"'{destination}' is no event topic <HP>/<bucket>/<key>")
         key = "/".join(levels[2:])
-        return naming.event_stream(config, int(levels[1]), key), rows.message_type(headers)
+        stream = naming.event_stream(config, int(levels[1]), key)
+        return stream, rows.message_type(headers), config.category is not None
 
     async def publish(
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         headers = headers or {}
-        stream, message_type = await self._target(destination, headers)
-        data, metadata = rows.encode(body, headers, as_json=False)
+        stream, message_type, as_json = await self._target(destination, headers)
+        try:
+            data, metadata = rows.encode(body, headers, as_json)
+        except rows.BodyNotJson as exc:
+            raise UndeliverableEvent(f"'{destination}': {exc}; Message DB data is jsonb") from None
         try:
             await asyncio.wait_for(
                 self.pool.execute(
@@ -346,6 +351,8 @@ class MessageDbBroker(Broker):
             )
         except TimeoutError:
             raise PublishError(f"no confirm for '{destination}' in time") from None
+        except asyncpg.DataError as exc:
+            raise UndeliverableEvent(f"'{destination}' refused: {_reason(exc)}") from None
         except DB_ERRORS as exc:
             self._connection_lost(exc)
             raise PublishError(f"'{destination}' not written: {_reason(exc)}") from None
@@ -370,6 +377,7 @@ class MessageDbBroker(Broker):
             queue,
             group,
             config.hash_prefix,
+            naming.source_category(config),
             f"{client_id}/q{queue}",
             self._connect,
             poll_seconds=POLL_SECONDS,

@@ -11,6 +11,12 @@ ends at the first '-'):
 - output (validation records, dead letters, summaries): streams `lbgout:<g>-<kind>`;
 - the config (the JNDI analogue): stream `lbgconfig-<g>`, its last message the current one.
 
+A group over an existing category (CA) reads that category instead of `lbg:<HP>`, and its
+publisher writes `<CA>-<key>`: member = abs(hash_64(cardinal id)) mod QC, Message DB's own
+consumer-group rule, and its bucket mod QC since QC divides HC. Its positions, locks, output
+and config keep the names above (by HP and group name), so they never meet a Message DB
+consumer's own `<CA>:position-...` streams.
+
 A delivered event's key is read back from its stream name: the stream's id, less the cardinal
 id and its '+' in an `lbg:` category.
 """
@@ -27,12 +33,13 @@ from lbg.hashing import messagedb_bucket
 
 CONFIG_CATEGORY = "lbgconfig"
 EVENT_PREFIX = "lbg:"
+OUTPUT_PREFIX = "lbgout:"
 MAX_GROUP_SIZE = 32767  # get_category_messages casts the group size to smallint
 MAX_TAG_MODULUS = 200_000  # bounds the search for bucket tags to a few seconds
 
 
 class LayoutError(ValueError):
-    """A group Message DB consumer groups cannot serve; the message names HC and QC."""
+    """A group Message DB consumer groups cannot serve; the message names the field."""
 
 
 def _safe(name: str) -> str:
@@ -58,6 +65,11 @@ def check_layout(config: GroupConfig) -> None:
             f"HC (hash count) {config.hash_count} and QC (queue count) {config.queue_count}: "
             f"their least common multiple exceeds {MAX_TAG_MODULUS} (choose QC dividing HC)"
         )
+    if config.category is not None and _is_ours(config.category):
+        raise LayoutError(
+            f"CA (category) '{config.category}' is where the groups keep their own streams "
+            f"(categories {EVENT_PREFIX}..., {OUTPUT_PREFIX}..., {CONFIG_CATEGORY})"
+        )
     if config.queue_count > MAX_GROUP_SIZE:
         raise LayoutError(
             f"QC (queue count) {config.queue_count} exceeds {MAX_GROUP_SIZE}, the largest "
@@ -65,8 +77,17 @@ def check_layout(config: GroupConfig) -> None:
         )
 
 
+def _is_ours(category: str) -> bool:
+    return category == CONFIG_CATEGORY or category.startswith((EVENT_PREFIX, OUTPUT_PREFIX))
+
+
 def event_category(hash_prefix: str) -> str:
     return f"{EVENT_PREFIX}{_safe(hash_prefix)}"
+
+
+def source_category(config: GroupConfig) -> str:
+    """The category a group's queues read: its CA, else its own `lbg:<HP>`."""
+    return config.category if config.category is not None else event_category(config.hash_prefix)
 
 
 def position_category(hash_prefix: str) -> str:
@@ -78,7 +99,7 @@ def position_stream(hash_prefix: str, member: int) -> str:
 
 
 def output_category(group: str) -> str:
-    return f"lbgout:{_safe(group)}"
+    return f"{OUTPUT_PREFIX}{_safe(group)}"
 
 
 def output_stream(group: str, kind: OutputKind) -> str:
@@ -118,6 +139,9 @@ def cardinal_id(config: GroupConfig, bucket: int, key: str) -> str:
 
 
 def event_stream(config: GroupConfig, bucket: int, key: str) -> str:
+    """The stream an event of `key` goes to: `<CA>-<key>`, or `lbg:<HP>-<cardinal>+<key>`."""
+    if config.category is not None:
+        return f"{config.category}-{key}"
     return f"{event_category(config.hash_prefix)}-{cardinal_id(config, bucket, key)}+{key}"
 
 
