@@ -66,7 +66,8 @@ def _message(n: int) -> tuple[str, str, str, str | None, dict[str, str]]:
         return stream_id, kind, data, None, {"Message-Type": kind}
     metadata = (
         f'{{"correlationStreamName": "teller-{n}", "schemaVersion": 2, "replayed": '
-        f'{str(n % 3 == 0).lower()}, "origin": {{"app":"teller","ids":[1,2]}}, "rate": 12.50}}'
+        f'{str(n % 3 == 0).lower()}, "origin": {{"app":"teller","ids":[1,2]}}, "rate": 12.50, '
+        '"causationMessageStreamName": null}'
     )
     headers = {
         "correlationStreamName": f"teller-{n}",
@@ -74,6 +75,7 @@ def _message(n: int) -> tuple[str, str, str, str | None, dict[str, str]]:
         "replayed": str(n % 3 == 0).lower(),
         "origin": '{"app": "teller", "ids": [1, 2]}',
         "rate": "12.50",
+        "causationMessageStreamName": "null",
         "Message-Type": kind,
     }
     return stream_id, kind, data, metadata, headers

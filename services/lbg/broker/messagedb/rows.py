@@ -26,12 +26,13 @@ DEFAULT_TYPE = "Event"
 TEXT, BASE64, JSON = "text", "base64", "json"
 
 # What a reader selects from get_*_messages: the metadata's top-level fields are flattened to
-# text by PostgreSQL, so that a number keeps its exact JSON text (Python would round it).
+# text by PostgreSQL, so that a number keeps its exact JSON text (Python would round it); a
+# JSON null, which jsonb_each_text gives as SQL NULL, becomes its JSON text too.
 COLUMNS = (
     "global_position, stream_name, type, data, time, "
     "CASE WHEN jsonb_typeof(metadata::jsonb) = 'object' THEN "
-    "(SELECT jsonb_object_agg(f.key, f.value) FROM jsonb_each_text(metadata::jsonb) f) "
-    "END AS fields"
+    "(SELECT jsonb_object_agg(f.key, COALESCE(f.value, 'null')) "
+    "FROM jsonb_each_text(metadata::jsonb) f) END AS fields"
 )
 
 
