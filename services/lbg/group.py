@@ -24,6 +24,8 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _HASH_PREFIX = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}")
 _CLIENT_USERNAME = re.compile(r"[A-Za-z0-9_.@-]{1,32}")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_]{1,20}")
+_CATEGORY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:+.]{0,63}")
+CATEGORY_HASH = "messagedb"
 
 _FIELDS = {
     "HP": "hash prefix",
@@ -35,6 +37,7 @@ _FIELDS = {
     "EX": "exclusive",
     "RF": "replicas",
     "GN": "size generation",
+    "CA": "category",
 }
 _REQUIRED = ("HP", "HC", "QC")
 _DROPPED = frozenset({"CP"})
@@ -95,6 +98,8 @@ class GroupConfig:
     ``exclusive=False`` selects competing consumers, the documented opt-out from per-key order.
     ``generation`` counts the resizes of a resizable group (Message DB): members compare it in
     their heartbeats to learn that the group has a new size.
+    ``category`` (Message DB only) makes the group read an existing category that any writer
+    fills, as a Message DB consumer group does: a key is a stream's id there.
     """
 
     hash_prefix: str
@@ -106,6 +111,7 @@ class GroupConfig:
     exclusive: bool = True
     replicas: int = 1
     generation: int = 0
+    category: str | None = None
 
     def __post_init__(self) -> None:
         """Reject any field outside its documented range, naming the field."""
@@ -154,14 +160,47 @@ class GroupConfig:
             raise GroupConfigError(
                 f"{_field('GN')}: must be <= {MAX_GENERATION}, got {self.generation}"
             )
+        if self.category is not None:
+            self._check_category()
+
+    def _check_category(self) -> None:
+        """A group over a category: a category name, hashed the way Message DB consumer groups
+        hash its streams, and a config that still fits its 200 characters."""
+        _check_text(
+            "CA",
+            self.category,
+            _CATEGORY,
+            "1-64 characters of [A-Za-z0-9_:+.] not starting with ':', '+' or '.'",
+        )
+        if self.hash_function != CATEGORY_HASH:
+            raise GroupConfigError(
+                f"{_field('HF')}: must be {CATEGORY_HASH} in a group over a category (CA), as "
+                f"Message DB's consumer groups hash its streams, got {_show(self.hash_function)}"
+            )
+        length = len(orjson.dumps(self._document()))
+        if length > MAX_JSON_LENGTH:
+            raise GroupConfigError(
+                f"{_field('CA')}: with it the config JSON is {length} characters, over the "
+                f"{MAX_JSON_LENGTH}-character limit (shorten CA, HP or CU)"
+            )
 
     def to_json(self) -> str:
         """The compact JSON stored in JNDI (HP, HC, QC, QS, CU, HF; EX only when off, RF only
         when replicated, GN only once resized).
 
         It never holds a password, and must fit the 200-character Solace JNDI physical name; with
-        today's field limits it is at most 169 characters, so the check guards future fields.
+        today's field limits it is at most 169 characters without CA (a group with CA is checked
+        when it is made), so the check guards future fields.
         """
+        text = orjson.dumps(self._document()).decode()
+        if len(text) > MAX_JSON_LENGTH:
+            raise GroupConfigError(
+                f"group config JSON: must fit the {MAX_JSON_LENGTH}-character limit of the Solace"
+                f" JNDI physical name, got {len(text)} characters"
+            )
+        return text
+
+    def _document(self) -> dict[str, Any]:
         document: dict[str, Any] = {
             "HP": self.hash_prefix,
             "HC": self.hash_count,
@@ -176,13 +215,9 @@ class GroupConfig:
             document["RF"] = self.replicas
         if self.generation:
             document["GN"] = self.generation
-        text = orjson.dumps(document).decode()
-        if len(text) > MAX_JSON_LENGTH:
-            raise GroupConfigError(
-                f"group config JSON: must fit the {MAX_JSON_LENGTH}-character limit of the Solace"
-                f" JNDI physical name, got {len(text)} characters"
-            )
-        return text
+        if self.category is not None:
+            document["CA"] = self.category
+        return document
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Self:
@@ -216,6 +251,8 @@ class GroupConfig:
             optional["replicas"] = document["RF"]
         if "GN" in document:
             optional["generation"] = document["GN"]
+        if "CA" in document:
+            optional["category"] = document["CA"]
         return cls(
             hash_prefix=document["HP"],
             hash_count=document["HC"],
@@ -236,8 +273,10 @@ class GroupConfig:
         return bucket % self.queue_count
 
     def bucket_for_key(self, key: str) -> int:
-        """The bucket ``key`` hashes to under this group's hash function and hash count."""
-        return bucket_for(self.hash_function, key, self.hash_count)
+        """The bucket ``key`` hashes to under this group's hash function and hash count; in a
+        group over a category, the key is a stream's id, hashed as the stream `<CA>-<key>`."""
+        name = key if self.category is None else f"{self.category}-{key}"
+        return bucket_for(self.hash_function, name, self.hash_count)
 
     def queue_for_key(self, key: str) -> int:
         """The queue that carries ``key``'s events."""

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from lbg.broker.base import Broker, PublishError, UndeliverableKey
+from lbg.broker.base import Broker, PublishError, UndeliverableEvent
 from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.group import GroupConfig
 from lbg.messages import MalformedMessage, check_key, encode_summaries, event_headers
@@ -192,8 +192,8 @@ class HashedPublisher:
 
         Events of one key go out one after another, in call order; other keys' events go
         concurrently. Raises PublishFailed if the broker never confirmed it (every retry
-        failed), MalformedMessage for an unusable key, UndeliverableKey for one the broker's
-        destinations cannot carry."""
+        failed), MalformedMessage for an unusable key, UndeliverableEvent for one the broker
+        cannot take (a key its destinations cannot carry, a body it cannot store)."""
         seq, task = await self._submit(check_key(key), body, headers)
         if not await task:
             raise PublishFailed(str(self._failure or f"key {key[:80]!r} refused by the broker"))
@@ -249,7 +249,7 @@ class HashedPublisher:
             started = time.monotonic()
             try:
                 await self._broker.publish(destination, body, all_headers)
-            except UndeliverableKey as exc:
+            except UndeliverableEvent as exc:
                 self.stats.rejected_input += 1
                 log.warning("refused key %r: %s", key[:80], exc)
                 return False

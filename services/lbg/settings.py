@@ -184,6 +184,7 @@ class GroupSettings:
     exclusive: bool = True
     priority_timeout: float = _bounded(2.0, gt=0)
     replicas: int = _bounded(1, ge=1, le=5)
+    category: str = ""  # Message DB only: an existing category the group reads ("": none)
 
     def validate(self) -> None:
         """Names must be usable in subjects; every queue needs at least one bucket."""

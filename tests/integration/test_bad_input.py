@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from lbg.broker import connect_broker
+from lbg.broker.messagedb import naming
 from lbg.destinations import Destination, OutputKind, event_destination
 from lbg.embedded import free_port
 from lbg.group import GroupConfig
@@ -369,6 +370,12 @@ def test_malformed_events_are_dead_lettered_with_a_reason(
     assert report["duplicates"] == 0
     assert report["per_client"] == {"client-a": good}
     assert report["unsequenced"] == len(FOREIGN_BODIES)
+    # The subject as the broker gave it: on Message DB the stream name.
+    subject_prefix = (
+        f"{naming.event_category(config.hash_prefix)}-"
+        if broker.kind == "messagedb"
+        else f"{config.hash_prefix}."
+    )
     letters = dead_letters(broker.url, group_name, len(malformed))
     by_body = {body: headers for body, headers in letters}
     assert len(letters) == len(malformed), [body[:40] for body, _ in letters]
@@ -377,7 +384,7 @@ def test_malformed_events_are_dead_lettered_with_a_reason(
         headers = by_body[bad.body]
         assert bad.reason in headers.get("Lbg-Reason", ""), (bad.body[:60], headers)
         assert headers.get("Lbg-Client") == "client-a"
-        assert headers.get("Lbg-Subject", "").startswith(f"{config.hash_prefix}.")
+        assert headers.get("Lbg-Subject", "").startswith(subject_prefix)
         assert all(headers.get(name) == value for name, value in bad.headers.items()), headers
     assert_clean_log(deployment, "client-a")
     assert_nothing_left_unacked(broker, group_name)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lbg.group import MAX_HASH_COUNT, GroupConfig, GroupConfigError
 
-FIELDS = ("HP", "HC", "QC", "QS", "CU", "HF", "EX")
+FIELDS = ("HP", "HC", "QC", "QS", "CU", "HF", "EX", "CA")
 # What an error must start with: a field code, "group config JSON", or an unknown key.
 NAMED = re.compile(r"^(?:[A-Z]{2} \([A-Za-z ]+\)|group config JSON): ")
 MAX_MESSAGE = 300
@@ -40,6 +40,7 @@ field_values = {
     "CU": st.sampled_from(["u", "", "a b", "u" * 33, "u@x.y"]) | json_values,
     "HF": st.sampled_from(["java", "murmur2", "messagedb", "crc32", "", "JAVA"]) | json_values,
     "EX": st.sampled_from([0, 1, 2, -1, True, False, "1"]) | json_values,
+    "CA": st.sampled_from(["account", "a:b+c", "a-b", "", ":a", "x" * 64, "x" * 65]) | json_values,
     "CP": st.text(max_size=10),
 }
 documents = st.fixed_dictionaries({}, optional=field_values) | st.dictionaries(

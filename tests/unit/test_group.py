@@ -15,7 +15,7 @@ from lbg.group import (
     GroupConfigError,
     validate_group_name,
 )
-from lbg.hashing import bucket_for
+from lbg.hashing import bucket_for, messagedb_bucket
 
 ORIGINAL = '{"HP":"hash1","HC":100,"QC":12,"QS":100,"CU":"lg_cu1","CP":"pw12345"}'
 
@@ -236,3 +236,33 @@ def test_key_routing_follows_the_hash_function(config: GroupConfig, key: str) ->
     bucket = bucket_for(config.hash_function, key, config.hash_count)
     assert config.bucket_for_key(key) == bucket
     assert config.queue_for_key(key) == bucket % config.queue_count
+
+
+def test_a_group_over_a_category_stores_it_and_hashes_keys_as_its_streams() -> None:
+    config = GroupConfig("accounts", 12, 4, hash_function="messagedb", category="account:command")
+    assert config.to_json().endswith(',"HF":"messagedb","CA":"account:command"}')
+    assert GroupConfig.from_json(config.to_json()) == config
+    for key in ("123", "123+x", "12-3", "ünïcode+1"):
+        stream_bucket = messagedb_bucket(f"account:command-{key}", 12)
+        assert config.bucket_for_key(key) == stream_bucket
+        assert config.bucket_for_key(key) == messagedb_bucket(f"other-{key.partition('+')[0]}", 12)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"category": "account"}, r"^HF \(hash function\): must be messagedb in a group over a"),
+        ({"category": "account", "hash_function": "murmur2"}, r"^HF \(hash function\): "),
+        ({"category": "acc-ount", "hash_function": "messagedb"}, r"^CA \(category\): must be "),
+        ({"category": "", "hash_function": "messagedb"}, r"^CA \(category\): must be "),
+        (
+            {"category": "a" * 64, "hash_function": "messagedb", "client_username": "u" * 32},
+            r"^CA \(category\): with it the config JSON is 2\d\d characters, over the 200",
+        ),
+    ],
+)
+def test_a_group_over_a_category_is_refused_naming_the_field(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(GroupConfigError, match=message):
+        GroupConfig("h" * 40, 64, 4, **fields)

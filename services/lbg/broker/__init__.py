@@ -5,12 +5,24 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from lbg.broker.base import Broker, BrokerError
+from lbg.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 NATS_SCHEMES = {"nats", "tls"}
 RABBITMQ_SCHEMES = {"amqp", "amqps"}
 SOLACE_SCHEMES = {"tcp", "tcps"}
 MESSAGEDB_SCHEMES = {"postgresql", "postgres"}
+
+
+def check_broker_runs(url: str, config: GroupConfig) -> None:
+    """Refuse, before connecting, a group the URL's broker cannot run: only Message DB reads
+    an existing category (CA)."""
+    scheme = urlsplit(url).scheme
+    if config.category is not None and scheme not in MESSAGEDB_SCHEMES:
+        raise BrokerError(
+            f"CA (category) '{config.category}': only Message DB (postgresql://) groups read "
+            f"an existing category, and this broker is {scheme}://"
+        )
 
 
 async def connect_broker(

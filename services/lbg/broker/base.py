@@ -36,7 +36,12 @@ class PublishError(BrokerError):
     """The broker did not confirm a publish: it must not count as sent."""
 
 
-class UndeliverableKey(BrokerError):
+class UndeliverableEvent(BrokerError):
+    """An event the broker cannot take as it is (its key, its body): retrying cannot help,
+    so it is refused as bad input."""
+
+
+class UndeliverableKey(UndeliverableEvent):
     """An event's key does not fit the broker's destinations (too long once encoded):
     retrying cannot help, so its events are refused as bad input."""
 

@@ -10,7 +10,7 @@ import click
 import orjson
 
 from lbg.api import default_id
-from lbg.broker import connect_broker
+from lbg.broker import check_broker_runs, connect_broker
 from lbg.broker.base import Broker, GroupExists
 from lbg.cli.common import (
     admin_url_option,
@@ -23,7 +23,7 @@ from lbg.cli.common import (
     run,
     setup_logging,
 )
-from lbg.group import GroupConfig, validate_group_name
+from lbg.group import CATEGORY_HASH, GroupConfig, validate_group_name
 from lbg.hashing import HASH_FUNCTIONS
 from lbg.operator import resize_group
 from lbg.settings import AdminConfig
@@ -62,7 +62,8 @@ def main(
     """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
 
     A group has QC exclusive queues; queue q takes the hash buckets q, q+QC, q+2QC, ... below
-    HC. Its config (HP, HC, QC, QS, CU, HF, RF) is stored in the broker for every daemon to read.
+    HC. Its config (HP, HC, QC, QS, CU, HF, RF; CA for a Message DB group over an existing
+    category) is stored in the broker for every daemon to read.
     """
     setup_logging(quiet=quiet)
     ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
@@ -82,6 +83,11 @@ def main(
     "--replicas",
     type=int,
     help="RF: copies a NATS cluster keeps of each queue and of the config (1-5).",
+)
+@click.option(
+    "--category",
+    help="CA, Message DB only: read this existing category; its streams' ids are the keys "
+    "(HF messagedb, the default with this flag).",
 )
 @click.option(
     "--competing/--exclusive",
@@ -122,6 +128,8 @@ def create(
     else:
         client_password = os.environ.get(CLIENT_PASSWORD_ENV) or None
     exclusive = None if competing is None else not competing
+    if fields["category"] and fields["hash_function"] is None:
+        fields["hash_function"] = CATEGORY_HASH
     settings = _settings(
         ctx, name=name, exclusive=exclusive, priority_timeout=priority_timeout, **fields
     )
@@ -140,7 +148,9 @@ def create(
                 hash_function=g.hash_function,
                 exclusive=g.exclusive,
                 replicas=g.replicas,
+                category=g.category or None,
             )
+        check_broker_runs(settings.broker.url, config)
 
     async def action(broker: Broker) -> int:
         try:

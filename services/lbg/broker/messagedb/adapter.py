@@ -2,7 +2,8 @@
 
 The publisher writes each event to its stream with `write_message`; queue q is consumer-group
 member q of size QC, read with `get_category_messages` by whoever holds the member's advisory
-lock (see binding.py); names and the member mapping are in naming.py. Heartbeats travel by
+lock (see binding.py); names and the member mapping are in naming.py, what a row holds in
+rows.py. A delivery's subject is its stream name, which gives the event's key. Heartbeats travel by
 LISTEN/NOTIFY; the group's config and output are streams of their own categories.
 """
 
@@ -33,11 +34,13 @@ from lbg.broker.base import (
     QueueStatus,
     Resize,
     StateListener,
+    UndeliverableEvent,
 )
-from lbg.broker.messagedb import generations, naming
+from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.group import GroupConfig, GroupConfigError
+from lbg.messages import check_key
 from lbg.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -236,11 +239,10 @@ class MessageDbBroker(Broker):
 
     async def delete_group(self, name: str) -> None:
         config = await self.read_group(name)
-        categories = [
-            naming.event_category(config.hash_prefix),
-            naming.position_category(config.hash_prefix),
-            naming.output_category(name),
-        ]
+        # A group over an existing category leaves it alone: its rows are not the group's.
+        categories = [naming.position_category(config.hash_prefix), naming.output_category(name)]
+        if config.category is None:
+            categories.append(naming.event_category(config.hash_prefix))
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(
@@ -262,7 +264,7 @@ class MessageDbBroker(Broker):
         self._configs.pop(config.hash_prefix, None)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        category = naming.event_category(config.hash_prefix)
+        category = naming.source_category(config)
         status = []
         try:
             async with self.pool.acquire() as conn:
@@ -297,6 +299,11 @@ class MessageDbBroker(Broker):
 
     # -- messaging -----------------------------------------------------------------------
 
+    def event_address(self, subject: str) -> EventAddress:
+        """A delivery's subject is its stream name: the key is read from it (naming.py); the
+        bucket is left to the group's hash of the key, since no stream name spells it."""
+        return EventAddress(check_key(naming.key_of_stream(subject)), None)
+
     async def _config_for_prefix(self, prefix: str) -> GroupConfig:
         config = self._configs.get(prefix)
         if config is None:
@@ -307,40 +314,45 @@ class MessageDbBroker(Broker):
             raise PublishError(f"no group uses hash prefix '{prefix}' (read its config first)")
         return config
 
-    async def _target(self, destination: Destination) -> tuple[str, str]:
-        """The stream and message type a destination's messages are written to."""
+    async def _target(
+        self, destination: Destination, headers: Mapping[str, str]
+    ) -> tuple[str, str, bool]:
+        """The stream and message type a destination's messages are written to, and whether
+        the body must be the data itself (an event in a category that other writers share)."""
         levels = destination.levels
         if len(levels) >= 3 and levels[0] == SYSTEM_PREFIX:
             try:
                 kind = OutputKind(levels[2])
             except ValueError:
                 raise PublishError(f"'{destination}' is no output destination") from None
-            return naming.output_stream(levels[1], kind), kind.value
+            return naming.output_stream(levels[1], kind), kind.value, False
         config = await self._config_for_prefix(levels[0])
         if len(levels) < 3 or not levels[1].isdigit() or int(levels[1]) >= config.hash_count:
             raise PublishError(f"'{destination}' is no event topic <HP>/<bucket>/<key>")
         key = "/".join(levels[2:])
-        return naming.event_stream(config, int(levels[1]), key), "Event"
+        stream = naming.event_stream(config, int(levels[1]), key)
+        return stream, rows.message_type(headers), config.category is not None
 
     async def publish(
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
-        stream, message_type = await self._target(destination)
+        headers = headers or {}
+        stream, message_type, as_json = await self._target(destination, headers)
+        try:
+            data, metadata = rows.encode(body, headers, as_json)
+        except rows.BodyNotJson as exc:
+            raise UndeliverableEvent(f"'{destination}': {exc}; Message DB data is jsonb") from None
         try:
             await asyncio.wait_for(
                 self.pool.execute(
-                    WRITE_SQL,
-                    str(uuid.uuid4()),
-                    stream,
-                    message_type,
-                    naming.encode_data(body),
-                    naming.encode_metadata(naming.subject(destination), headers or {}),
-                    None,
+                    WRITE_SQL, str(uuid.uuid4()), stream, message_type, data, metadata, None
                 ),
                 PUBLISH_TIMEOUT,
             )
         except TimeoutError:
             raise PublishError(f"no confirm for '{destination}' in time") from None
+        except asyncpg.DataError as exc:
+            raise UndeliverableEvent(f"'{destination}' refused: {_reason(exc)}") from None
         except DB_ERRORS as exc:
             self._connection_lost(exc)
             raise PublishError(f"'{destination}' not written: {_reason(exc)}") from None
@@ -365,6 +377,7 @@ class MessageDbBroker(Broker):
             queue,
             group,
             config.hash_prefix,
+            naming.source_category(config),
             f"{client_id}/q{queue}",
             self._connect,
             poll_seconds=POLL_SECONDS,
@@ -453,9 +466,8 @@ class MessageDbBroker(Broker):
         position = 1
         while True:
             try:
-                rows = await self.pool.fetch(
-                    "SELECT global_position, type, data, metadata, time "
-                    "FROM message_store.get_category_messages($1, $2, $3)",
+                batch = await self.pool.fetch(
+                    f"SELECT {rows.COLUMNS} FROM message_store.get_category_messages($1, $2, $3)",
                     category,
                     position,
                     OUTPUT_BATCH,
@@ -464,14 +476,14 @@ class MessageDbBroker(Broker):
                 log.warning("cannot read the output of group '%s' yet: %s", group, _reason(exc))
                 await asyncio.sleep(1.0)
                 continue
-            for row in rows:
+            for row in batch:
                 position = int(row["global_position"]) + 1
                 kind = kinds.get(row["type"])
                 if kind is not None:
-                    _, headers = naming.decode_metadata(row["metadata"])
+                    body, headers = rows.read_row(row)
                     at = row["time"].replace(tzinfo=UTC).timestamp()
-                    yield OutputMessage(kind, naming.decode_data(row["data"]), headers, at)
-            if len(rows) < OUTPUT_BATCH:
+                    yield OutputMessage(kind, body, headers, at)
+            if len(batch) < OUTPUT_BATCH:
                 await asyncio.sleep(POLL_SECONDS)
 
 

@@ -5,10 +5,11 @@ advisory lock does. The lock lives on the binding's own connection, so the serve
 the moment that connection dies (a crashed reader), and the position writes go through the
 same connection: a reader that lost the lock cannot record a position any more.
 
-The holder reads `get_category_messages(category, position + 1, ..., member, size)` in global
-position order, hands the messages out tagged with its ownership epoch, and records the highest
-position below which everything was acked in the member's position stream (batched: a reader
-that crashes replays what it had not recorded yet, duplicates the validator counts).
+The holder reads `get_category_messages(category, position + 1, ..., member, size)` (the
+group's own category, or the existing one it was created over) in global position order, hands
+the messages out tagged with its ownership epoch, and records the highest position below which
+everything was acked in the member's position stream (batched: a reader that crashes replays
+what it had not recorded yet, duplicates the validator counts).
 
 Across resizes (generations.py) queue q walks its stints: member q of each generation that
 has one, plus, in the current size S, the members r >= S of older generations with r mod S = q
@@ -34,9 +35,10 @@ import orjson
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
-from lbg.broker.messagedb import generations, naming
+from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.generations import Generation
 from lbg.broker.messagedb.positions import Positions
+from lbg.broker.messagedb.rows import COLUMNS, read_row
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class MessageDbBinding(EpochBinding):
         queue: int,
         group: str,
         hash_prefix: str,
+        category: str,
         app_name: str,
         connect: Connect,
         poll_seconds: float,
@@ -78,7 +81,7 @@ class MessageDbBinding(EpochBinding):
         super().__init__(queue, on_change)
         self._group = group
         self._hash_prefix = hash_prefix
-        self._category = naming.event_category(hash_prefix)
+        self._category = category
         self._app_name = app_name
         self._connect = connect
         self._poll = poll_seconds
@@ -317,7 +320,9 @@ class MessageDbBinding(EpochBinding):
             pending = [
                 member
                 for member in self._members(generation)
-                if not await generations.drained(conn, self._hash_prefix, member, generation)
+                if not await generations.drained(
+                    conn, self._hash_prefix, self._category, member, generation
+                )
             ]
             if pending:
                 return generation, pending[0]
@@ -331,7 +336,9 @@ class MessageDbBinding(EpochBinding):
             return True
         before = self._generations[generation.index - 1]
         for member in range(before.size):
-            if not await generations.drained(conn, self._hash_prefix, member, before):
+            if not await generations.drained(
+                conn, self._hash_prefix, self._category, member, before
+            ):
                 return False
         self._ready.add(generation.index)
         return True
@@ -355,7 +362,7 @@ class MessageDbBinding(EpochBinding):
         self._free_seen = 0
         await self._refresh(conn)
         generation, member = self._stint
-        if await generations.drained(conn, self._hash_prefix, member, generation):
+        if await generations.drained(conn, self._hash_prefix, self._category, member, generation):
             await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
             self._holding = False
             self._stint = None
@@ -373,8 +380,7 @@ class MessageDbBinding(EpochBinding):
         assert self._stint is not None
         epoch = self._epoch
         rows = await conn.fetch(
-            "SELECT global_position, data, metadata FROM "
-            "message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
+            f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
             self._category,
             self._next,
             BATCH,
@@ -393,14 +399,14 @@ class MessageDbBinding(EpochBinding):
             position = int(row["global_position"])
             if end is not None and position > end:
                 break
-            subject, headers = naming.decode_metadata(row["metadata"])
+            body, headers = read_row(row)
             self._positions.hand_out(position)
             self._next = position + 1
             taken += 1
             self._buffer.put_nowait(
                 Delivery(
-                    body=naming.decode_data(row["data"]),
-                    subject=subject,
+                    body=body,
+                    subject=row["stream_name"],
                     headers=headers,
                     redelivered=False,
                     epoch=epoch,

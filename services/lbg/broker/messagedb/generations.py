@@ -78,9 +78,10 @@ async def recorded(
 
 
 async def drained(
-    conn: asyncpg.Connection, hash_prefix: str, member: int, generation: Generation
+    conn: asyncpg.Connection, hash_prefix: str, category: str, member: int, generation: Generation
 ) -> bool:
-    """True if the member of a finished generation has nothing left at or below its end."""
+    """True if the member of a finished generation has nothing left at or below its end in
+    `category` (the group's source category)."""
     if generation.end is None:
         return False
     after = await recorded(conn, hash_prefix, member, generation) + 1
@@ -88,7 +89,7 @@ async def drained(
         return True
     position = await conn.fetchval(
         "SELECT global_position FROM message_store.get_category_messages($1, $2, 1, NULL, $3, $4)",
-        naming.event_category(hash_prefix),
+        category,
         after,
         member,
         generation.size,
@@ -114,7 +115,7 @@ async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> Resi
             )
         if int(row["position"]) + 1 > MAX_GENERATION:
             raise BrokerError(f"group '{group}' was resized {MAX_GENERATION} times already")
-        category = naming.event_category(config.hash_prefix)
+        category = naming.source_category(config)
         await conn.execute("SELECT message_store.acquire_lock($1)", f"{category}-resize")
         switch = await conn.fetchval(
             "SELECT COALESCE(max(global_position), 0) FROM message_store.messages"

@@ -1,4 +1,4 @@
-"""How a group maps onto Message DB: categories, stream names, cardinal ids, message data.
+"""How a group maps onto Message DB: categories, stream names, cardinal ids, keys.
 
 Per group `<g>` with hash prefix `<HP>` (a '-' in a name becomes '~': Message DB's category
 ends at the first '-'):
@@ -10,29 +10,36 @@ ends at the first '-'):
 - positions: `lbg:<HP>:position-<member>`, as Message DB consumers record theirs;
 - output (validation records, dead letters, summaries): streams `lbgout:<g>-<kind>`;
 - the config (the JNDI analogue): stream `lbgconfig-<g>`, its last message the current one.
+
+A group over an existing category (CA) reads that category instead of `lbg:<HP>`, and its
+publisher writes `<CA>-<key>`: member = abs(hash_64(cardinal id)) mod QC, Message DB's own
+consumer-group rule, and its bucket mod QC since QC divides HC. Its positions, locks, output
+and config keep the names above (by HP and group name), so they never meet a Message DB
+consumer's own `<CA>:position-...` streams.
+
+A delivered event's key is read back from its stream name: the stream's id, less the cardinal
+id and its '+' in an `lbg:` category.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
 
-import orjson
-
-from lbg.destinations import Destination, OutputKind, level_token
+from lbg.destinations import OutputKind
 from lbg.group import GroupConfig
 from lbg.hashing import messagedb_bucket
 
 CONFIG_CATEGORY = "lbgconfig"
+EVENT_PREFIX = "lbg:"
+OUTPUT_PREFIX = "lbgout:"
 MAX_GROUP_SIZE = 32767  # get_category_messages casts the group size to smallint
 MAX_TAG_MODULUS = 200_000  # bounds the search for bucket tags to a few seconds
 
 
 class LayoutError(ValueError):
-    """A group Message DB consumer groups cannot serve; the message names HC and QC."""
+    """A group Message DB consumer groups cannot serve; the message names the field."""
 
 
 def _safe(name: str) -> str:
@@ -58,6 +65,11 @@ def check_layout(config: GroupConfig) -> None:
             f"HC (hash count) {config.hash_count} and QC (queue count) {config.queue_count}: "
             f"their least common multiple exceeds {MAX_TAG_MODULUS} (choose QC dividing HC)"
         )
+    if config.category is not None and _is_ours(config.category):
+        raise LayoutError(
+            f"CA (category) '{config.category}' is where the groups keep their own streams "
+            f"(categories {EVENT_PREFIX}..., {OUTPUT_PREFIX}..., {CONFIG_CATEGORY})"
+        )
     if config.queue_count > MAX_GROUP_SIZE:
         raise LayoutError(
             f"QC (queue count) {config.queue_count} exceeds {MAX_GROUP_SIZE}, the largest "
@@ -65,8 +77,17 @@ def check_layout(config: GroupConfig) -> None:
         )
 
 
+def _is_ours(category: str) -> bool:
+    return category == CONFIG_CATEGORY or category.startswith((EVENT_PREFIX, OUTPUT_PREFIX))
+
+
 def event_category(hash_prefix: str) -> str:
-    return f"lbg:{_safe(hash_prefix)}"
+    return f"{EVENT_PREFIX}{_safe(hash_prefix)}"
+
+
+def source_category(config: GroupConfig) -> str:
+    """The category a group's queues read: its CA, else its own `lbg:<HP>`."""
+    return config.category if config.category is not None else event_category(config.hash_prefix)
 
 
 def position_category(hash_prefix: str) -> str:
@@ -78,7 +99,7 @@ def position_stream(hash_prefix: str, member: int) -> str:
 
 
 def output_category(group: str) -> str:
-    return f"lbgout:{_safe(group)}"
+    return f"{OUTPUT_PREFIX}{_safe(group)}"
 
 
 def output_stream(group: str, kind: OutputKind) -> str:
@@ -118,7 +139,20 @@ def cardinal_id(config: GroupConfig, bucket: int, key: str) -> str:
 
 
 def event_stream(config: GroupConfig, bucket: int, key: str) -> str:
+    """The stream an event of `key` goes to: `<CA>-<key>`, or `lbg:<HP>-<cardinal>+<key>`."""
+    if config.category is not None:
+        return f"{config.category}-{key}"
     return f"{event_category(config.hash_prefix)}-{cardinal_id(config, bucket, key)}+{key}"
+
+
+def key_of_stream(stream_name: str) -> str:
+    """An event's key from its stream name: the id (everything after the first '-'); in an
+    `lbg:` category the part of it after the cardinal id's '+', if it has one."""
+    category, _, stream_id = stream_name.partition("-")
+    if category.startswith(EVENT_PREFIX):
+        _, plus, key = stream_id.partition("+")
+        return key if plus else stream_id
+    return stream_id
 
 
 def lock_keys(hash_prefix: str, member: int) -> tuple[int, int]:
@@ -126,36 +160,3 @@ def lock_keys(hash_prefix: str, member: int) -> tuple[int, int]:
     own one-bigint write locks, which live in another key space)."""
     digest = hashlib.md5(event_category(hash_prefix).encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF, member
-
-
-def encode_data(body: bytes) -> str:
-    """The body as Message DB `data` (jsonb): UTF-8 text as is, anything else as base64."""
-    try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text:
-        return orjson.dumps({"base64": base64.b64encode(body).decode()}).decode()
-    return orjson.dumps({"text": text}).decode()
-
-
-def decode_data(data: str) -> bytes:
-    document = orjson.loads(data)
-    if "base64" in document:
-        return base64.b64decode(document["base64"])
-    return str(document.get("text", "")).encode()
-
-
-def subject(destination: Destination) -> str:
-    """The destination as NATS and RabbitMQ spell it (`HP.bucket.key`), for dead letters."""
-    return ".".join(level_token(level) for level in destination.levels)
-
-
-def encode_metadata(subject: str, headers: Mapping[str, str]) -> str:
-    return orjson.dumps({"subject": subject, "headers": dict(headers)}).decode()
-
-
-def decode_metadata(metadata: str | None) -> tuple[str, dict[str, str]]:
-    document = orjson.loads(metadata) if metadata else {}
-    headers = document.get("headers") or {}
-    return str(document.get("subject", "")), {str(k): str(v) for k, v in headers.items()}
