@@ -1,10 +1,11 @@
-"""End-to-end throughput of an LBG: sticky (exclusive queues) against competing consumers.
+"""End-to-end throughput of an LBG: sticky (exclusive queues), competing consumers, and raw.
 
 publisher -> N lbg-client processes -> in-process validator, on real processes and a real
 broker: the whole scenario runs on each broker in turn (NATS JetStream, RabbitMQ), so their
-figures come from one invocation. Both modes run on each, alternating which goes first per
-round so that drift on the machine hits both alike; the rates reported are medians over the
-rounds.
+figures come from one invocation. The raw mode is the same pipeline written on the broker's
+own client library (raw_pipeline.py), the yardstick for the other two. Every mode runs on
+each broker, the order reversed every other round so that drift on the machine hits them
+alike; the rates reported are medians over the rounds.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from typing import Any, Protocol
 import click
 import uvloop
 
+import raw_pipeline
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
 from lbg.destinations import OutputKind
 from lbg.group import GroupConfig, GroupConfigError
-from lbg.local import Daemon
+from lbg.local import Daemon, LocalDeployment
 from lbg.validator import Validator
 from measure import (
     BenchError,
@@ -51,8 +53,11 @@ from measure import (
     table,
     verdict,
 )
+from raw_events import Tally
 
-MODES = ("sticky", "competing")
+MODES = ("sticky", "competing", "raw")
+LBG_MODES = ("sticky", "competing")
+RAW_PIPELINE = Path(__file__).with_name("raw_pipeline.py")
 # Clients release secondary queues this often, so the pins settle on the primaries soon after
 # the warm-up; once they have, the cycle finds nothing to release and costs nothing.
 CYCLE_SECONDS = 1.0
@@ -96,13 +101,14 @@ class Options:
 class ModeResult:
     """One measured run of one mode; rates in events/s, times in s, memory in MB.
 
-    `rate` is end to end (publisher start until the validator saw every event);
-    `publisher_rate` is the publisher's own acked events/s; `processed_rate` spans the times
-    of the first and the last record of the measured events (the clients' pace);
-    `validator_lag_s` is how long after that last record the validator had seen everything.
-    `cpu_us_per_event` is CPU microseconds per measured event of the clients (all together),
-    the publisher, the broker and the bench process (the validator). `served_queues` (sticky
-    only) names the client that delivered each queue's last event.
+    `rate` is end to end (publisher start until the validator, or raw mode's reader, saw
+    every event); `publisher_rate` is the publisher's own acked events/s; `processed_rate`
+    spans the times of the first and the last record of the measured events (the clients'
+    pace); `validator_lag_s` is how long after that last record the reader had seen
+    everything. `cpu_us_per_event` is CPU microseconds per measured event of the clients
+    (all together), the publisher, the broker and the bench process (the validator or
+    reader). `served_queues` (sticky only) names the client that delivered each queue's last
+    event.
     """
 
     mode: str
@@ -130,7 +136,7 @@ class ModeResult:
 
 @dataclass(frozen=True)
 class Counts:
-    """What the validator counted over one mode's events."""
+    """What the validator (or raw mode's reader) counted over one mode's events."""
 
     reordered: int
     lost: int | None
@@ -303,7 +309,7 @@ async def wait_validated(
     while progress.unique < target:
         now = time.monotonic()
         if reading.done():
-            raise BenchError(f"{label} the validator stopped: {reading.exception()!r}")
+            raise BenchError(f"{label} the reader stopped: {reading.exception()!r}")
         for daemon in daemons:
             if daemon.process.poll() not in (None, 0):
                 raise BenchError(f"{label} {daemon.name} failed:\n{daemon.log_tail()}")
@@ -499,6 +505,77 @@ async def run_mode(
     return mode_result(opts, mode, round_no, measured, span, counts, label)
 
 
+def raw_command(run: BrokerRun, name: str, role: str, *args: str) -> list[str]:
+    """The command line of one role of the raw pipeline `name` on this broker."""
+    url = run.endpoint.url
+    return [sys.executable, str(RAW_PIPELINE), "--broker-url", url, "--name", name, role, *args]
+
+
+def start_raw_consumers(opts: Options, run: BrokerRun, local: LocalDeployment) -> list[Daemon]:
+    """The raw pipeline's N consumer processes, named like the lbg clients."""
+    return [
+        local.spawn(
+            client_name(i), raw_command(run, local.group, "consume", "--id", client_name(i))
+        )
+        for i in range(opts.clients)
+    ]
+
+
+async def run_raw(opts: Options, run: BrokerRun, round_no: int, echo: Echo) -> ModeResult:
+    """Measure the raw pipeline on fresh objects, then stop its processes and delete them.
+
+    No warm-up is needed: nothing has to settle, so the consumers are merely waited for
+    (connected, consuming); the publisher is timed from its start until the reader has
+    counted every event.
+    """
+    label = f"[{run.kind} raw r{round_no}]"
+    name = f"bench-raw-{round_no}-{uuid.uuid4().hex[:6]}"
+    raw = await raw_pipeline.connect(run.endpoint.url, name, "bench")
+    local = run.deployment(name)
+    tally = Tally()
+    reading: asyncio.Task[None] | None = None
+    try:
+        await raw.create()
+        consumers = start_raw_consumers(opts, run, local)
+        for consumer in consumers:
+            await wait_for_log(consumer, raw_pipeline.READY, BIND_TIMEOUT)
+        echo(f"{label} pipeline '{name}' on {opts.clients} consumer processes")
+        reading = asyncio.create_task(raw.read(tally.add))
+        publish = ("--keys", str(opts.keys), "--count", str(opts.events))
+        measured = await measure(
+            opts,
+            run,
+            consumers,
+            lambda: local.spawn(
+                "publisher",
+                raw_command(run, name, "publish", *publish, "--window", str(PUBLISH_WINDOW)),
+            ),
+            tally,
+            reading,
+            opts.events,
+            label,
+            echo,
+        )
+    finally:
+        if reading is not None:
+            await cancel_and_wait(reading)
+        await asyncio.to_thread(local.stop_all)
+        try:
+            await raw.delete()
+        finally:
+            await raw.close()
+    counts = Counts(
+        reordered=tally.reordered,
+        lost=opts.events - tally.unique,
+        duplicates=tally.duplicates,
+        reassignments=tally.moves,
+        per_client=dict(tally.per_client),
+        served_queues={},
+    )
+    span = (tally.first_at, tally.last_at)
+    return mode_result(opts, "raw", round_no, measured, span, counts, label)
+
+
 def round_line(result: ModeResult) -> str:
     """One line per measured run, printed as soon as it is done."""
     queues = " ".join(f"{c}:{q}" for c, q in sorted(result.served_queues.items())) or "-"
@@ -511,15 +588,24 @@ def round_line(result: ModeResult) -> str:
     )
 
 
+def broker_modes(kind: str) -> tuple[str, ...]:
+    """The modes measured on a broker: raw only where raw_pipeline.py has a pipeline for it."""
+    return MODES if raw_pipeline.supports(kind) else LBG_MODES
+
+
 async def measure_broker(opts: Options, echo: Echo, run: BrokerRun) -> dict[str, Any]:
-    """Every round, both modes, alternating which goes first, on one broker; then the summary."""
+    """Every round, every mode, the order reversed every other round, on one broker; then the
+    summary."""
     broker = await run.connect("bench")
-    modes = MODES
+    modes = broker_modes(run.kind)
     results: list[ModeResult] = []
     try:
         for round_no in range(1, opts.rounds + 1):
             for mode in modes if round_no % 2 else modes[::-1]:
-                result = await run_mode(opts, run, broker, mode, round_no, echo)
+                if mode == "raw":
+                    result = await run_raw(opts, run, round_no, echo)
+                else:
+                    result = await run_mode(opts, run, broker, mode, round_no, echo)
                 echo(f"[{run.kind}] {round_line(result)}")
                 results.append(result)
     finally:
@@ -569,10 +655,12 @@ def summarize(results: list[ModeResult], modes: tuple[str, ...]) -> dict[str, An
             "other_cpu_s": statistics.median(r.other_cpu_s for r in runs),
             "machine_busy_pct": statistics.median(r.machine_busy_pct for r in runs),
         }
-    sticky, competing = (figures.get(mode) for mode in MODES)
+    sticky, competing, raw = (figures.get(mode) for mode in MODES)
     sticky_competing = ratio(sticky, competing)
     return {
         "ratio": sticky_competing,
+        "ratio_sticky_raw": ratio(sticky, raw),
+        "ratio_competing_raw": ratio(competing, raw),
         "targets": {
             "ratio_at_least_0_9": None
             if sticky_competing is None
@@ -592,7 +680,7 @@ def summary_text(opts: Options, summaries: dict[str, dict[str, Any]]) -> str:
         ("end to end, events/s (median)", ("rate",), "{:,.0f}"),
         ("publisher alone, events/s", ("publisher_rate",), "{:,.0f}"),
         ("clients done, events/s", ("processed_rate",), "{:,.0f}"),
-        ("validator lag after clients, s", ("validator_lag_s",), "{:.2f}"),
+        ("reader lag after clients, s", ("validator_lag_s",), "{:.2f}"),
         ("reordered (all events, all rounds)", ("reordered",), "{}"),
         ("lost (all events, all rounds)", ("lost",), "{}"),
         ("duplicates (all events, all rounds)", ("duplicates",), "{}"),
@@ -601,11 +689,11 @@ def summary_text(opts: Options, summaries: dict[str, dict[str, Any]]) -> str:
         ("CPU us/event: clients (sum)", ("cpu_us_per_event", "clients"), "{:,.0f}"),
         ("CPU us/event: publisher", ("cpu_us_per_event", "publisher"), "{:,.0f}"),
         ("CPU us/event: broker", ("cpu_us_per_event", "broker"), "{:,.0f}"),
-        ("CPU us/event: bench (validator)", ("cpu_us_per_event", "bench"), "{:,.0f}"),
+        ("CPU us/event: bench (validator/reader)", ("cpu_us_per_event", "bench"), "{:,.0f}"),
         ("CPU s: clients (sum)", ("client_cpu_s",), "{:.2f}"),
         ("CPU s: publisher", ("publisher_cpu_s",), "{:.2f}"),
         ("CPU s: broker", ("broker_cpu_s",), "{:.2f}"),
-        ("CPU s: bench process (validator)", ("bench_cpu_s",), "{:.2f}"),
+        ("CPU s: bench process (validator/reader)", ("bench_cpu_s",), "{:.2f}"),
         ("CPU s: everything else on the machine", ("other_cpu_s",), "{:.2f}"),
         ("machine CPU busy while measuring, %", ("machine_busy_pct",), "{:.0f}"),
     ]
@@ -638,6 +726,8 @@ def summary_text(opts: Options, summaries: dict[str, dict[str, Any]]) -> str:
             ["all"],
             [
                 ("ratio sticky / competing", broker_cells(lambda s: shown(s["ratio"]))),
+                ("ratio sticky / raw", broker_cells(lambda s: shown(s["ratio_sticky_raw"]))),
+                ("ratio competing / raw", broker_cells(lambda s: shown(s["ratio_competing_raw"]))),
                 (
                     f"target sticky / competing >= {TARGET_RATIO:g}",
                     broker_cells(lambda s: verdict(s["targets"]["ratio_at_least_0_9"])),
@@ -699,7 +789,7 @@ def main(
     admin_url: str | None,
     as_json: bool,
 ) -> None:
-    """Events/s of publisher -> lbg-clients -> validator: sticky vs competing consumers."""
+    """Events/s of publisher -> lbg-clients -> validator: sticky vs competing vs raw client."""
 
     def echo(text: str) -> None:
         click.echo(text, err=True)
