@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check services tests bench examples loadtest
 	$(BIN)/ruff format --check services tests bench examples loadtest
 
-bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers
+bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers vs the raw client library
 	$(BIN)/python bench/throughput.py $(ARGS)
 
 bench-rebalance: $(STAMP)  ## join, crash and planned-handover latency; dynamic vs static join

@@ -1,10 +1,11 @@
-"""End-to-end throughput of an LBG: sticky (exclusive queues) against competing consumers.
+"""End-to-end throughput of an LBG: sticky (exclusive queues), competing consumers, and raw.
 
 publisher -> N lbg-client processes -> in-process validator, on real processes and a real
 broker: the whole scenario runs on each broker in turn (NATS JetStream, RabbitMQ), so their
-figures come from one invocation. Both modes run on each, alternating which goes first per
-round so that drift on the machine hits both alike; the rates reported are medians over the
-rounds.
+figures come from one invocation. The raw mode is the same pipeline written on the broker's
+own client library (raw_pipeline.py), the yardstick for the other two. Every mode runs on
+each broker, the order reversed every other round so that drift on the machine hits them
+alike; the rates reported are medians over the rounds.
 """
 
 from __future__ import annotations
@@ -23,18 +24,19 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import click
 import uvloop
 
+import raw_pipeline
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
 from lbg.destinations import OutputKind
 from lbg.group import GroupConfig, GroupConfigError
-from lbg.local import Daemon
+from lbg.local import Daemon, LocalDeployment
 from lbg.validator import Validator
 from measure import (
     BenchError,
@@ -51,8 +53,11 @@ from measure import (
     table,
     verdict,
 )
+from raw_events import Tally
 
-MODES = ("sticky", "competing")
+MODES = ("sticky", "competing", "raw")
+LBG_MODES = ("sticky", "competing")
+RAW_PIPELINE = Path(__file__).with_name("raw_pipeline.py")
 # Clients release secondary queues this often, so the pins settle on the primaries soon after
 # the warm-up; once they have, the cycle finds nothing to release and costs nothing.
 CYCLE_SECONDS = 1.0
@@ -96,12 +101,14 @@ class Options:
 class ModeResult:
     """One measured run of one mode; rates in events/s, times in s, memory in MB.
 
-    `rate` is end to end (publisher start until the validator saw every event);
-    `publisher_rate` is the publisher's own acked events/s; `processed_rate` spans the times
-    (`OutputMessage.at`) of the first and the last validation record of the measured events
-    (the clients' pace); `validator_lag_s` is how long after that last record the validator
-    had seen everything.
-    `served_queues` (sticky only) names the client that delivered each queue's last event.
+    `rate` is end to end (publisher start until the validator, or raw mode's reader, saw
+    every event); `publisher_rate` is the publisher's own acked events/s; `processed_rate`
+    spans the times of the first and the last record of the measured events (the clients'
+    pace); `validator_lag_s` is how long after that last record the reader had seen
+    everything. `cpu_us_per_event` is CPU microseconds per measured event of the clients
+    (all together), the publisher, the broker and the bench process (the validator or
+    reader). `served_queues` (sticky only) names the client that delivered each queue's last
+    event.
     """
 
     mode: str
@@ -122,8 +129,77 @@ class ModeResult:
     publisher_cpu_s: float
     broker_cpu_s: float | None
     bench_cpu_s: float
+    cpu_us_per_event: dict[str, float | None]
     machine_busy_pct: float
     other_cpu_s: float
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the validator (or raw mode's reader) counted over one mode's events."""
+
+    reordered: int
+    lost: int | None
+    duplicates: int
+    reassignments: int
+    per_client: dict[str, int]
+    served_queues: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """CPU seconds and peak memory (MB) over one measurement, from /proc and os.times()."""
+
+    client_cpu: dict[str, float]
+    client_rss: dict[str, float]
+    publisher_cpu: float
+    broker_cpu: float | None
+    bench_cpu: float
+    machine_busy: float
+
+
+class Meter:
+    """CPU readings at a measurement's start and when its last event was seen.
+
+    Only the publisher may exit (and be reaped) in between: the clients run on, so the CPU
+    of reaped children is the publisher's.
+    """
+
+    def __init__(self, clients: list[Daemon], broker_pid: int | None) -> None:
+        self._clients = clients
+        self._broker_pid = broker_pid
+        self._client_cpu = self._clients_cpu()
+        self._broker_cpu = self._broker()
+        self._bench_cpu = own_cpu_seconds()
+        self._machine = machine_busy_seconds()
+        self._reaped = reaped_children_cpu_seconds()
+        self._seen: Usage | None = None
+
+    def _clients_cpu(self) -> dict[str, float]:
+        return {c.name: cpu_seconds(c.process.pid) or 0.0 for c in self._clients}
+
+    def _broker(self) -> float | None:
+        return cpu_seconds(self._broker_pid) if self._broker_pid else None
+
+    def seen(self) -> None:
+        """Read everything but the publisher, as soon as the last event was seen."""
+        broker = self._broker()
+        self._seen = Usage(
+            client_cpu={n: v - self._client_cpu[n] for n, v in self._clients_cpu().items()},
+            client_rss={c.name: peak_rss_mb(c.process.pid) or 0.0 for c in self._clients},
+            publisher_cpu=0.0,
+            broker_cpu=None
+            if broker is None or self._broker_cpu is None
+            else broker - self._broker_cpu,
+            bench_cpu=own_cpu_seconds() - self._bench_cpu,
+            machine_busy=machine_busy_seconds() - self._machine,
+        )
+
+    def usage(self) -> Usage:
+        """Everything, once the publisher has been reaped (after `seen`)."""
+        if self._seen is None:
+            raise BenchError("the measurement's end was not read")
+        return replace(self._seen, publisher_cpu=reaped_children_cpu_seconds() - self._reaped)
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -133,6 +209,15 @@ def peak_rss_mb(pid: int) -> float | None:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return None
+
+
+class Progress(Protocol):
+    """What the bench polls while a mode runs: distinct events seen so far, and a line."""
+
+    @property
+    def unique(self) -> int: ...
+
+    def progress_line(self) -> str: ...
 
 
 class Records:
@@ -148,6 +233,13 @@ class Records:
         self.measuring = False
         self.first_at: float | None = None
         self.last_at: float | None = None
+
+    @property
+    def unique(self) -> int:
+        return self.validator.report().unique
+
+    def progress_line(self) -> str:
+        return self.validator.progress_line()
 
     def handle(self, message: OutputMessage) -> None:
         """Validate one output message; while measuring, widen the span of record times."""
@@ -204,29 +296,29 @@ async def wait_primaries(
 
 async def wait_validated(
     opts: Options,
-    validator: Validator,
-    validation: asyncio.Task[None],
+    progress: Progress,
+    reading: asyncio.Task[None],
     daemons: list[Daemon],
     target: int,
     label: str,
     echo: Echo,
 ) -> None:
-    """Poll until the validator has seen `target` distinct events; fail fast if anything died."""
+    """Poll until `target` distinct events were seen; fail fast if anything died."""
     started = time.monotonic()
     next_progress = started + PROGRESS_SECONDS
-    while validator.report().unique < target:
+    while progress.unique < target:
         now = time.monotonic()
-        if validation.done():
-            raise BenchError(f"{label} the validator stopped: {validation.exception()!r}")
+        if reading.done():
+            raise BenchError(f"{label} the reader stopped: {reading.exception()!r}")
         for daemon in daemons:
             if daemon.process.poll() not in (None, 0):
                 raise BenchError(f"{label} {daemon.name} failed:\n{daemon.log_tail()}")
         if now - started > opts.timeout:
             raise BenchError(
-                f"{label} timed out after {opts.timeout:g} s: {validator.progress_line()}"
+                f"{label} timed out after {opts.timeout:g} s: {progress.progress_line()}"
             )
         if now >= next_progress:
-            echo(f"{label} {now - started:5.1f}s {validator.progress_line()}")
+            echo(f"{label} {now - started:5.1f}s {progress.progress_line()}")
             next_progress = now + PROGRESS_SECONDS
         await asyncio.sleep(POLL_SECONDS)
 
@@ -250,10 +342,90 @@ async def finish_publisher(publisher: Daemon, label: str) -> dict[str, Any]:
     raise BenchError(f"{label} publisher printed no stats:\n{publisher.log_tail()}")
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One mode's measured stretch: how long it took, when it ended, what it cost."""
+
+    elapsed: float
+    validated_at: float
+    published: dict[str, Any]
+    usage: Usage
+
+
+async def measure(
+    opts: Options,
+    run: BrokerRun,
+    clients: list[Daemon],
+    start_publisher: Callable[[], Daemon],
+    progress: Progress,
+    reading: asyncio.Task[None],
+    target: int,
+    label: str,
+    echo: Echo,
+) -> Measurement:
+    """Time the publisher's start until `progress` has seen `target` events, and what the
+    clients, the publisher, the broker and this process spent meanwhile."""
+    echo(f"{label} measuring: {opts.events} events")
+    meter = Meter(clients, run.pid)
+    started = time.monotonic()
+    publisher = start_publisher()
+    await wait_validated(opts, progress, reading, [*clients, publisher], target, label, echo)
+    elapsed = time.monotonic() - started
+    validated_at = time.time()
+    meter.seen()
+    published = await finish_publisher(publisher, label)
+    return Measurement(elapsed, validated_at, published, meter.usage())
+
+
+def mode_result(
+    opts: Options,
+    mode: str,
+    round_no: int,
+    measured: Measurement,
+    span: tuple[float | None, float | None],
+    counts: Counts,
+    label: str,
+) -> ModeResult:
+    """One run's figures from its measurement, its records' time span and its counts."""
+    first_record, last_record = span
+    if first_record is None or last_record is None:
+        raise BenchError(f"{label} no record of a measured event was read")
+    usage = measured.usage
+    clients = sum(usage.client_cpu.values())
+    ours = clients + usage.publisher_cpu + usage.bench_cpu
+    per_event = {
+        "clients": clients,
+        "publisher": usage.publisher_cpu,
+        "broker": usage.broker_cpu,
+        "bench": usage.bench_cpu,
+    }
+    elapsed = measured.elapsed
+    return ModeResult(
+        mode=mode,
+        round=round_no,
+        elapsed_s=round(elapsed, 3),
+        rate=round(opts.events / elapsed, 1),
+        publisher_rate=round(float(measured.published["rate_per_s"]), 1),
+        processed_rate=round(opts.events / max(last_record - first_record, 1e-3), 1),
+        validator_lag_s=round(measured.validated_at - last_record, 3),
+        **asdict(counts),
+        client_peak_rss_mb={n: round(v, 1) for n, v in usage.client_rss.items()},
+        client_cpu_s={n: round(v, 2) for n, v in usage.client_cpu.items()},
+        publisher_cpu_s=round(usage.publisher_cpu, 2),
+        broker_cpu_s=None if usage.broker_cpu is None else round(usage.broker_cpu, 2),
+        bench_cpu_s=round(usage.bench_cpu, 2),
+        cpu_us_per_event={
+            k: None if v is None else round(v * 1e6 / opts.events, 1) for k, v in per_event.items()
+        },
+        machine_busy_pct=round(100 * usage.machine_busy / (elapsed * (os.cpu_count() or 1)), 1),
+        other_cpu_s=round(usage.machine_busy - ours - (usage.broker_cpu or 0.0), 2),
+    )
+
+
 async def run_mode(
     opts: Options, run: BrokerRun, broker: Broker, mode: str, round_no: int, echo: Echo
 ) -> ModeResult:
-    """Measure one mode on a fresh group, then stop its clients and delete the group.
+    """Measure sticky or competing on a fresh group, then stop its clients and delete it.
 
     A paced warm-up publisher first runs for a second (and, for sticky, until the queues have
     settled on their primary clients) and is drained; the measured publisher then runs alone,
@@ -289,37 +461,24 @@ async def run_mode(
             await wait_primaries(broker, name, config, opts.clients, label)
         warmup.send(signal.SIGTERM)
         warmed = int((await finish_publisher(warmup, label))["acked"])
-        await wait_validated(opts, validator, validation, clients, warmed, label, echo)
-        echo(f"{label} measuring: {opts.events} events")
+        await wait_validated(opts, records, validation, clients, warmed, label, echo)
         reassignments = validator.report().reassignments
-        cpu_before = {c.name: cpu_seconds(c.process.pid) or 0.0 for c in clients}
-        broker_cpu_before = cpu_seconds(run.pid) if run.pid else None
-        bench_cpu_before = own_cpu_seconds()
-        machine_before = machine_busy_seconds()
-        # Only the publisher exits (and is reaped) between here and its end: the clients run on.
-        reaped_cpu_before = reaped_children_cpu_seconds()
         records.measuring = True
-        started = time.monotonic()
-        publisher = local.start_publisher(
-            "publisher",
-            *("--keys", str(opts.keys), "--count", str(opts.events)),
-            *("--window", str(PUBLISH_WINDOW), "--json"),
+        measured = await measure(
+            opts,
+            run,
+            clients,
+            lambda: local.start_publisher(
+                "publisher",
+                *("--keys", str(opts.keys), "--count", str(opts.events)),
+                *("--window", str(PUBLISH_WINDOW), "--json"),
+            ),
+            records,
+            validation,
+            warmed + opts.events,
+            label,
+            echo,
         )
-        target = warmed + opts.events
-        await wait_validated(
-            opts, validator, validation, [*clients, publisher], target, label, echo
-        )
-        elapsed = time.monotonic() - started
-        validated_at = time.time()
-        bench_cpu = own_cpu_seconds() - bench_cpu_before
-        machine_busy = machine_busy_seconds() - machine_before
-        broker_cpu_after = cpu_seconds(run.pid) if run.pid else None
-        client_cpu = {
-            c.name: (cpu_seconds(c.process.pid) or 0.0) - cpu_before[c.name] for c in clients
-        }
-        rss = {c.name: peak_rss_mb(c.process.pid) or 0.0 for c in clients}
-        published = await finish_publisher(publisher, label)
-        publisher_cpu = reaped_children_cpu_seconds() - reaped_cpu_before
         await wait_summaries(validator, 2)
         report = validator.report()
     finally:
@@ -328,43 +487,93 @@ async def run_mode(
         await asyncio.to_thread(local.stop_all)
         with contextlib.suppress(BrokerError):
             await broker.delete_group(name)
-    first_record, last_record = records.first_at, records.last_at
-    if first_record is None or last_record is None:
-        raise BenchError(f"{label} no validation record of a measured event was read")
-    ours = sum(client_cpu.values()) + publisher_cpu + bench_cpu
-    broker_cpu = (
-        None
-        if broker_cpu_before is None or broker_cpu_after is None
-        else broker_cpu_after - broker_cpu_before
-    )
     served: dict[str, list[int]] = {}
     if config.exclusive:
         for queue in range(config.queue_count):
             owner = validator.checker.queue_owner(queue)
             if owner is not None:
                 served.setdefault(owner, []).append(queue)
-    return ModeResult(
-        mode=mode,
-        round=round_no,
-        elapsed_s=round(elapsed, 3),
-        rate=round(opts.events / elapsed, 1),
-        publisher_rate=float(published["rate_per_s"]),
-        processed_rate=round(opts.events / max(last_record - first_record, 1e-3), 1),
-        validator_lag_s=round(validated_at - last_record, 3),
+    counts = Counts(
         reordered=report.reordered,
         lost=report.lost,
         duplicates=report.duplicates,
         reassignments=report.reassignments - reassignments,
         per_client=report.per_client,
         served_queues=served,
-        client_peak_rss_mb={n: round(v, 1) for n, v in rss.items()},
-        client_cpu_s={n: round(v, 2) for n, v in client_cpu.items()},
-        publisher_cpu_s=round(publisher_cpu, 2),
-        broker_cpu_s=None if broker_cpu is None else round(broker_cpu, 2),
-        bench_cpu_s=round(bench_cpu, 2),
-        machine_busy_pct=round(100 * machine_busy / (elapsed * (os.cpu_count() or 1)), 1),
-        other_cpu_s=round(machine_busy - ours - (broker_cpu or 0.0), 2),
     )
+    span = (records.first_at, records.last_at)
+    return mode_result(opts, mode, round_no, measured, span, counts, label)
+
+
+def raw_command(run: BrokerRun, name: str, role: str, *args: str) -> list[str]:
+    """The command line of one role of the raw pipeline `name` on this broker."""
+    url = run.endpoint.url
+    return [sys.executable, str(RAW_PIPELINE), "--broker-url", url, "--name", name, role, *args]
+
+
+def start_raw_consumers(opts: Options, run: BrokerRun, local: LocalDeployment) -> list[Daemon]:
+    """The raw pipeline's N consumer processes, named like the lbg clients."""
+    return [
+        local.spawn(
+            client_name(i), raw_command(run, local.group, "consume", "--id", client_name(i))
+        )
+        for i in range(opts.clients)
+    ]
+
+
+async def run_raw(opts: Options, run: BrokerRun, round_no: int, echo: Echo) -> ModeResult:
+    """Measure the raw pipeline on fresh objects, then stop its processes and delete them.
+
+    No warm-up is needed: nothing has to settle, so the consumers are merely waited for
+    (connected, consuming); the publisher is timed from its start until the reader has
+    counted every event.
+    """
+    label = f"[{run.kind} raw r{round_no}]"
+    name = f"bench-raw-{round_no}-{uuid.uuid4().hex[:6]}"
+    raw = await raw_pipeline.connect(run.endpoint.url, name, "bench")
+    local = run.deployment(name)
+    tally = Tally()
+    reading: asyncio.Task[None] | None = None
+    try:
+        await raw.create()
+        consumers = start_raw_consumers(opts, run, local)
+        for consumer in consumers:
+            await wait_for_log(consumer, raw_pipeline.READY, BIND_TIMEOUT)
+        echo(f"{label} pipeline '{name}' on {opts.clients} consumer processes")
+        reading = asyncio.create_task(raw.read(tally.add))
+        publish = ("--keys", str(opts.keys), "--count", str(opts.events))
+        measured = await measure(
+            opts,
+            run,
+            consumers,
+            lambda: local.spawn(
+                "publisher",
+                raw_command(run, name, "publish", *publish, "--window", str(PUBLISH_WINDOW)),
+            ),
+            tally,
+            reading,
+            opts.events,
+            label,
+            echo,
+        )
+    finally:
+        if reading is not None:
+            await cancel_and_wait(reading)
+        await asyncio.to_thread(local.stop_all)
+        try:
+            await raw.delete()
+        finally:
+            await raw.close()
+    counts = Counts(
+        reordered=tally.reordered,
+        lost=opts.events - tally.unique,
+        duplicates=tally.duplicates,
+        reassignments=tally.moves,
+        per_client=dict(tally.per_client),
+        served_queues={},
+    )
+    span = (tally.first_at, tally.last_at)
+    return mode_result(opts, "raw", round_no, measured, span, counts, label)
 
 
 def round_line(result: ModeResult) -> str:
@@ -379,28 +588,53 @@ def round_line(result: ModeResult) -> str:
     )
 
 
+def broker_modes(kind: str) -> tuple[str, ...]:
+    """The modes measured on a broker: raw only where raw_pipeline.py has a pipeline for it."""
+    return MODES if raw_pipeline.supports(kind) else LBG_MODES
+
+
 async def measure_broker(opts: Options, echo: Echo, run: BrokerRun) -> dict[str, Any]:
-    """Every round, both modes, alternating which goes first, on one broker; then the summary."""
+    """Every round, every mode, the order reversed every other round, on one broker; then the
+    summary."""
     broker = await run.connect("bench")
+    modes = broker_modes(run.kind)
     results: list[ModeResult] = []
     try:
         for round_no in range(1, opts.rounds + 1):
-            for mode in MODES if round_no % 2 else MODES[::-1]:
-                result = await run_mode(opts, run, broker, mode, round_no, echo)
+            for mode in modes if round_no % 2 else modes[::-1]:
+                if mode == "raw":
+                    result = await run_raw(opts, run, round_no, echo)
+                else:
+                    result = await run_mode(opts, run, broker, mode, round_no, echo)
                 echo(f"[{run.kind}] {round_line(result)}")
                 results.append(result)
     finally:
         await broker.close()
-    return summarize(results)
+    return summarize(results, modes)
 
 
-def summarize(results: list[ModeResult]) -> dict[str, Any]:
-    """Medians of the rates per mode, totals of the counts, peaks of memory; the ratio, targets."""
-    modes: dict[str, Any] = {}
-    for mode in MODES:
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median, or None if any value is unknown."""
+    if any(v is None for v in values):
+        return None
+    return statistics.median(v for v in values if v is not None)
+
+
+def ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
+    """One mode's end-to-end rate over another's (None if either was not measured)."""
+    if numerator is None or denominator is None or not denominator["rate"]:
+        return None
+    return round(numerator["rate"] / denominator["rate"], 3)
+
+
+def summarize(results: list[ModeResult], modes: tuple[str, ...]) -> dict[str, Any]:
+    """Medians of the rates and CPU per mode, totals of the counts, peaks of memory; the
+    ratios, targets."""
+    figures: dict[str, Any] = {}
+    for mode in modes:
         runs = [r for r in results if r.mode == mode]
         losses = [r.lost for r in runs]
-        modes[mode] = {
+        figures[mode] = {
             "rate": statistics.median(r.rate for r in runs),
             "publisher_rate": statistics.median(r.publisher_rate for r in runs),
             "processed_rate": statistics.median(r.processed_rate for r in runs),
@@ -412,74 +646,90 @@ def summarize(results: list[ModeResult]) -> dict[str, Any]:
             "client_peak_rss_mb": max(max(r.client_peak_rss_mb.values()) for r in runs),
             "client_cpu_s": round(statistics.median(sum(r.client_cpu_s.values()) for r in runs), 2),
             "publisher_cpu_s": statistics.median(r.publisher_cpu_s for r in runs),
-            "broker_cpu_s": (
-                None
-                if any(r.broker_cpu_s is None for r in runs)
-                else statistics.median(r.broker_cpu_s or 0.0 for r in runs)
-            ),
+            "broker_cpu_s": median_or_none([r.broker_cpu_s for r in runs]),
             "bench_cpu_s": statistics.median(r.bench_cpu_s for r in runs),
+            "cpu_us_per_event": {
+                part: median_or_none([r.cpu_us_per_event[part] for r in runs])
+                for part in runs[0].cpu_us_per_event
+            },
             "other_cpu_s": statistics.median(r.other_cpu_s for r in runs),
             "machine_busy_pct": statistics.median(r.machine_busy_pct for r in runs),
         }
-    competing = modes["competing"]["rate"]
-    ratio = round(modes["sticky"]["rate"] / competing, 3) if competing else None
-    sticky = modes["sticky"]
+    sticky, competing, raw = (figures.get(mode) for mode in MODES)
+    sticky_competing = ratio(sticky, competing)
     return {
-        "ratio": ratio,
+        "ratio": sticky_competing,
+        "ratio_sticky_raw": ratio(sticky, raw),
+        "ratio_competing_raw": ratio(competing, raw),
         "targets": {
-            "ratio_at_least_0_9": None if ratio is None else ratio >= TARGET_RATIO,
-            "sticky_in_order_and_complete": sticky["reordered"] == 0 and sticky["lost"] == 0,
+            "ratio_at_least_0_9": None
+            if sticky_competing is None
+            else sticky_competing >= TARGET_RATIO,
+            "sticky_in_order_and_complete": sticky is not None
+            and sticky["reordered"] == 0
+            and sticky["lost"] == 0,
         },
-        **modes,
+        **figures,
         "runs": [asdict(r) for r in results],
     }
 
 
 def summary_text(opts: Options, summaries: dict[str, dict[str, Any]]) -> str:
     """The final human-readable block: one row per figure, per broker a column per mode."""
-    rows = [
-        ("end to end, events/s (median)", "rate", "{:,.0f}"),
-        ("publisher alone, events/s", "publisher_rate", "{:,.0f}"),
-        ("clients done, events/s", "processed_rate", "{:,.0f}"),
-        ("validator lag after clients, s", "validator_lag_s", "{:.2f}"),
-        ("reordered (all events, all rounds)", "reordered", "{}"),
-        ("lost (all events, all rounds)", "lost", "{}"),
-        ("duplicates (all events, all rounds)", "duplicates", "{}"),
-        ("key moves while measuring", "reassignments", "{}"),
-        ("client peak RSS, MB (max)", "client_peak_rss_mb", "{:.1f}"),
-        ("CPU s: clients (sum)", "client_cpu_s", "{:.2f}"),
-        ("CPU s: publisher", "publisher_cpu_s", "{:.2f}"),
-        ("CPU s: broker", "broker_cpu_s", "{:.2f}"),
-        ("CPU s: bench process (validator)", "bench_cpu_s", "{:.2f}"),
-        ("CPU s: everything else on the machine", "other_cpu_s", "{:.2f}"),
-        ("machine CPU busy while measuring, %", "machine_busy_pct", "{:.0f}"),
+    rows: list[tuple[str, tuple[str, ...], str]] = [
+        ("end to end, events/s (median)", ("rate",), "{:,.0f}"),
+        ("publisher alone, events/s", ("publisher_rate",), "{:,.0f}"),
+        ("clients done, events/s", ("processed_rate",), "{:,.0f}"),
+        ("reader lag after clients, s", ("validator_lag_s",), "{:.2f}"),
+        ("reordered (all events, all rounds)", ("reordered",), "{}"),
+        ("lost (all events, all rounds)", ("lost",), "{}"),
+        ("duplicates (all events, all rounds)", ("duplicates",), "{}"),
+        ("key moves while measuring", ("reassignments",), "{}"),
+        ("client peak RSS, MB (max)", ("client_peak_rss_mb",), "{:.1f}"),
+        ("CPU us/event: clients (sum)", ("cpu_us_per_event", "clients"), "{:,.0f}"),
+        ("CPU us/event: publisher", ("cpu_us_per_event", "publisher"), "{:,.0f}"),
+        ("CPU us/event: broker", ("cpu_us_per_event", "broker"), "{:,.0f}"),
+        ("CPU us/event: bench (validator/reader)", ("cpu_us_per_event", "bench"), "{:,.0f}"),
+        ("CPU s: clients (sum)", ("client_cpu_s",), "{:.2f}"),
+        ("CPU s: publisher", ("publisher_cpu_s",), "{:.2f}"),
+        ("CPU s: broker", ("broker_cpu_s",), "{:.2f}"),
+        ("CPU s: bench process (validator/reader)", ("bench_cpu_s",), "{:.2f}"),
+        ("CPU s: everything else on the machine", ("other_cpu_s",), "{:.2f}"),
+        ("machine CPU busy while measuring, %", ("machine_busy_pct",), "{:.0f}"),
     ]
     brokers = list(summaries)
 
-    def mode_cells(key: str, style: str) -> list[str]:
+    def mode_cells(path: tuple[str, ...], style: str) -> list[str]:
         cells = []
         for summary in summaries.values():
             for mode in MODES:
-                value = summary[mode][key] if mode in summary else None
+                value = summary.get(mode)
+                for key in path:
+                    value = None if value is None else value[key]
                 cells.append("-" if value is None else style.format(value))
         return cells
 
     def broker_cells(figure: Callable[[dict[str, Any]], Any]) -> list[str]:
         return ["-" if "error" in s else str(figure(s)) for s in summaries.values()]
 
+    def shown(value: Any) -> str:
+        return "-" if value is None else str(value)
+
     lines = [
         f"{opts.events} events, {opts.clients} clients, QC {opts.queues}, HC {opts.hash_count}, "
         f"{opts.keys} keys, {opts.rounds} round(s), {os.cpu_count()} CPUs",
-        *table(40, brokers, MODES, [(label, mode_cells(k, st)) for label, k, st in rows], 11),
+        *table(40, brokers, MODES, [(label, mode_cells(p, st)) for label, p, st in rows], 11),
         "",
         *table(
             40,
             brokers,
             ["all"],
             [
-                ("ratio sticky / competing", broker_cells(lambda s: s["ratio"])),
+                ("ratio sticky / competing", broker_cells(lambda s: shown(s["ratio"]))),
+                ("ratio sticky / raw", broker_cells(lambda s: shown(s["ratio_sticky_raw"]))),
+                ("ratio competing / raw", broker_cells(lambda s: shown(s["ratio_competing_raw"]))),
                 (
-                    f"target ratio >= {TARGET_RATIO:g}",
+                    f"target sticky / competing >= {TARGET_RATIO:g}",
                     broker_cells(lambda s: verdict(s["targets"]["ratio_at_least_0_9"])),
                 ),
                 (
@@ -539,7 +789,7 @@ def main(
     admin_url: str | None,
     as_json: bool,
 ) -> None:
-    """Events/s of publisher -> lbg-clients -> validator: sticky vs competing consumers."""
+    """Events/s of publisher -> lbg-clients -> validator: sticky vs competing vs raw client."""
 
     def echo(text: str) -> None:
         click.echo(text, err=True)

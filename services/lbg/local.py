@@ -68,7 +68,6 @@ class LocalDeployment:
     def start(self, name: str, program: str, *args: str) -> Daemon:
         """Start `program` with the broker and group flags, `extra_args` (e.g. a config file
         for what the broker needs beyond its URL) and `args`; logs to `<name>.log`."""
-        log_path = self.workdir / f"{name}.log"
         command = [
             script(program),
             "--broker-url",
@@ -78,6 +77,12 @@ class LocalDeployment:
             *self.extra_args,
             *args,
         ]
+        return self.spawn(name, command)
+
+    def spawn(self, name: str, command: list[str]) -> Daemon:
+        """Start any command as one of this deployment's processes (stopped by `stop_all`),
+        in its own session, logging to `<name>.log`: e.g. a bench's own programs."""
+        log_path = self.workdir / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 command,
