@@ -15,14 +15,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
 import aio_pika
+import asyncpg
 import nats
 import orjson
 import pytest
-from tests.support.processes import wait_for_log
+from tests.support.processes import cli, wait_for_log
 from tests.support.recorder import read_records
 
 from lbg.local import LocalDeployment
@@ -106,8 +108,8 @@ async def publish_with_aio_pika(url: str, group: str, events: list) -> None:
         await connection.close()
 
 
-def publish_in_background(broker: BrokerEndpoint, group: str, events: list) -> threading.Thread:
-    """The foreign producer, in its own thread and event loop, paced at RATE events/s."""
+def producer_thread(broker: BrokerEndpoint, group: str, events: list) -> threading.Thread:
+    """The foreign producer, to run in its own thread and event loop, paced at RATE events/s."""
 
     def produce() -> None:
         if broker.kind == "nats":
@@ -115,9 +117,7 @@ def publish_in_background(broker: BrokerEndpoint, group: str, events: list) -> t
         else:
             asyncio.run(publish_with_aio_pika(broker.url, group, events))
 
-    thread = threading.Thread(target=produce, name="foreign-producer")
-    thread.start()
-    return thread
+    return threading.Thread(target=produce, name="foreign-producer")
 
 
 def key_order_faults(published: list[str], processed: list[str]) -> tuple[int, int, int]:
@@ -170,6 +170,53 @@ def wait_for_records(folder: Path, count: int, timeout: float = 40.0) -> list[di
         time.sleep(0.5)
 
 
+def through_failures(
+    deployment: LocalDeployment, produce: threading.Thread, folder: Path, count: int
+) -> list[dict]:
+    """Two members; while `produce` publishes: kill -9 one, start a third, SIGTERM the
+    second (a planned handover). Every record the handler wrote, in processing order."""
+    members = {name: start_member(deployment, name) for name in ("client-a", "client-b")}
+    for member in members.values():
+        wait_for_log(member, "joined")
+    time.sleep(1.0)  # the members see each other (heartbeats) and share the queues
+    produce.start()
+    time.sleep(1.5)
+    members["client-a"].send(signal.SIGKILL)
+    time.sleep(1.0)
+    members["client-c"] = start_member(deployment, "client-c")
+    time.sleep(1.5)
+    members["client-b"].send(signal.SIGTERM)
+    assert members["client-b"].wait(15) == 0, members["client-b"].log_tail()
+    produce.join(60)
+    records = wait_for_records(folder, count)
+    log = deployment.daemons["client-c"].log_path.read_text()
+    assert "dead-lettered" not in log and "Traceback" not in log
+    assert {r["client"] for r in records} >= {"client-a", "client-b", "client-c"}
+    return records
+
+
+def assert_in_order_and_complete(events: list, records: list[dict]) -> None:
+    """Each key's events were all processed, in publish order; the only repeats are events
+    the killed member had processed but not acked."""
+    faults: Counter[str] = Counter()
+    for key in dict.fromkeys(key for key, *_ in events):
+        published = [h["trace-id"] for k, _t, _b, h in events if k == key]
+        processed = [r["headers"]["trace-id"] for r in records if r["key"] == key]
+        reordered, skipped, duplicates = key_order_faults(published, processed)
+        faults.update(reordered=reordered, skipped=skipped, duplicates=duplicates)
+    assert faults["skipped"] == 0, f"events never processed: {faults}"
+    assert faults["reordered"] == 0, f"keys processed out of order: {faults}"
+    first_by: dict[tuple[str, str], str] = {}
+    for item in records:
+        ident = (item["key"], item["headers"]["trace-id"])
+        if ident in first_by:
+            assert first_by[ident] == "client-a", f"duplicate not caused by the kill -9: {item}"
+        first_by.setdefault(ident, item["client"])
+
+
+MISROUTED = "misrouted-1"
+
+
 def test_a_foreign_producer_reaches_the_handler_byte_for_byte_in_order_through_failures(
     make_group,
     deployment: LocalDeployment,
@@ -178,48 +225,82 @@ def test_a_foreign_producer_reaches_the_handler_byte_for_byte_in_order_through_f
     recording: Path,
 ) -> None:
     if broker.kind not in ("nats", "rabbitmq"):
-        pytest.skip("the foreign producer here speaks NATS or AMQP (Message DB: its own test)")
+        pytest.skip("this producer speaks NATS or AMQP (Message DB: the test below)")
     make_group()
     events = plan(group_name, 32)
-    members = {name: start_member(deployment, name) for name in ("client-a", "client-b")}
-    for member in members.values():
-        wait_for_log(member, "joined")
-    time.sleep(1.0)  # the members see each other (heartbeats) and share the queues
+    wrong = (producer.java_bucket(MISROUTED, 32) + 1) % 32
+    events += [
+        (MISROUTED, f"{group_name}.{wrong}.{MISROUTED}", b"%d" % n, {"trace-id": f"m-{n}"})
+        for n in range(10)
+    ]
 
-    thread = publish_in_background(broker, group_name, events)
-    time.sleep(1.5)
-    members["client-a"].send(signal.SIGKILL)
-    time.sleep(1.0)
-    members["client-c"] = start_member(deployment, "client-c")
-    time.sleep(1.5)
-    members["client-b"].send(signal.SIGTERM)
-    assert members["client-b"].wait(15) == 0, members["client-b"].log_tail()
-    thread.join(60)
-    records = wait_for_records(recording, len(events))
+    produce = producer_thread(broker, group_name, events)
+    records = through_failures(deployment, produce, recording, len(events))
 
     sent = {(key, headers["trace-id"]): (body, headers) for key, _t, body, headers in events}
     for item in records:
         body, headers = sent[(item["key"], item["headers"]["trace-id"])]
         assert item["body"] == body, item
         assert item["headers"].items() >= headers.items(), item
-        assert item["bucket"] == producer.java_bucket(item["key"], 32)
-    faults = Counter()
-    for key in KEYS:
-        published = [h["trace-id"] for k, _t, _b, h in events if k == key]
-        processed = [r["headers"]["trace-id"] for r in records if r["key"] == key]
-        reordered, skipped, duplicates = key_order_faults(published, processed)
-        faults.update(reordered=reordered, skipped=skipped, duplicates=duplicates)
-    assert faults["skipped"] == 0, f"events never processed: {faults}"
-    assert faults["reordered"] == 0, f"keys processed out of order: {faults}"
-    first_by = {}
+        bucket = wrong if item["key"] == MISROUTED else producer.java_bucket(item["key"], 32)
+        assert item["bucket"] == bucket, item
+    assert_in_order_and_complete(events, records)
+    warnings = sum(
+        daemon.log_path.read_text().count(f"key '{MISROUTED}' came in bucket {wrong}")
+        for daemon in deployment.daemons.values()
+    )
+    assert 1 <= warnings <= 3, "a misrouted key is logged once per member that served it"
+
+
+MESSAGE_DB_WRITE = "SELECT message_store.write_message($1, $2, 'Event', $3::jsonb, $4::jsonb)"
+
+
+async def write_with_sql(url: str, category: str, events: list) -> None:
+    """Another Message DB writer: plain SQL, a stream `<category>-<key>` per key."""
+    conn = await asyncpg.connect(url, server_settings={"search_path": "message_store,public"})
+    started = time.monotonic()
+    try:
+        for i, (key, _target, body, headers) in enumerate(events):
+            stream = f"{category}-{key}"
+            await conn.execute(
+                MESSAGE_DB_WRITE, str(uuid.uuid4()), stream, body, orjson.dumps(headers).decode()
+            )
+            await pace(i, started)
+    finally:
+        await conn.close()
+
+
+def test_a_foreign_message_db_writer_reaches_the_handler_in_order_through_failures(
+    messagedb: BrokerEndpoint, tmp_path: Path, recording: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    group, category = f"writers-{suffix}", f"account{suffix}"
+    cli(
+        "cg-admin",
+        *("--broker-url", messagedb.url, "create", "--group", group, "--hash-prefix", group),
+        *("--category", category, "--hash-count", "32", "--queue-count", "4"),
+    )
+    events = [
+        (key, "", orjson.dumps({"key": key, "n": n, "note": "ünï"}).decode(), headers)
+        for key, _target, _body, headers in plan(group, 32)
+        for n in [int(headers["trace-id"].split("-")[1])]
+    ]
+    deployment = LocalDeployment(messagedb.url, group, tmp_path / "daemons")
+    produce = threading.Thread(
+        target=lambda: asyncio.run(write_with_sql(messagedb.url, category, events))
+    )
+    try:
+        records = through_failures(deployment, produce, recording, len(events))
+    finally:
+        deployment.stop_all()
+        cli("cg-admin", "--broker-url", messagedb.url, "delete", group, check=False)
+
+    sent = {(key, headers["trace-id"]): (body, headers) for key, _t, body, headers in events}
     for item in records:
-        ident = (item["key"], item["headers"]["trace-id"])
-        if ident in first_by:
-            assert first_by[ident] == "client-a", f"duplicate not caused by the kill -9: {item}"
-        first_by.setdefault(ident, item["client"])
-    assert {r["client"] for r in records} >= {"client-a", "client-b", "client-c"}
-    log = deployment.daemons["client-c"].log_path.read_text()
-    assert "dead-lettered" not in log and "Traceback" not in log
+        body, headers = sent[(item["key"], item["headers"]["trace-id"])]
+        assert orjson.loads(item["body"]) == orjson.loads(body), "jsonb keeps the value"
+        assert item["headers"] == {**headers, "Message-Type": "Event"}, item
+    assert_in_order_and_complete(events, records)
 
 
 def test_the_example_producer_needs_nothing_of_lbg(
