@@ -342,7 +342,8 @@ class LbgClient:
                 continue
             await self._announce(binding, lanes, binding.active)
             try:
-                delivery = await asyncio.wait_for(binding.next(), POLL_SECONDS)
+                async with asyncio.timeout(POLL_SECONDS):
+                    delivery = await binding.next()
             except TimeoutError:
                 continue
             if not self._may_process(binding, delivery):

@@ -4,6 +4,7 @@ Each bucket function maps a key to a bucket in ``range(buckets)`` exactly as the
 publisher, Kafka's default partitioner or a Message DB consumer group would.
 """
 
+import functools
 import hashlib
 import struct
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 _MASK32 = 0xFFFFFFFF
+BUCKET_CACHE_SIZE = 65536
 _MURMUR2_SEED = 0x9747B28C
 _MURMUR2_M = 0x5BD1E995
 _MURMUR2_R = 24
@@ -109,8 +111,10 @@ HASH_FUNCTIONS: Mapping[str, Callable[[str, int], int]] = MappingProxyType(
 )
 
 
+@functools.lru_cache(maxsize=BUCKET_CACHE_SIZE)
 def bucket_for(function: str, key: str, buckets: int) -> int:
-    """Hash ``key`` into ``range(buckets)`` with the hash function named ``function``."""
+    """Hash ``key`` into ``range(buckets)`` with the hash function named ``function``
+    (remembered for recent keys: every event of a key hashes it again, in Python)."""
     try:
         bucket_function = HASH_FUNCTIONS[function]
     except KeyError:

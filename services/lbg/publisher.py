@@ -9,6 +9,7 @@ producer's; the key's sequence number and publish time travel in headers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -147,6 +148,7 @@ class HashedPublisher:
         self._sequence: dict[str, int] = {}
         self._in_flight: dict[str, asyncio.Task[bool]] = {}
         self._failure: BaseException | None = None
+        self._ack_seconds = PUBLISH_SECONDS.labels(group)
         self.stats = PublishStats()
 
     async def run(
@@ -238,7 +240,9 @@ class HashedPublisher:
         """Publish after the key's previous event, retrying; True once confirmed. An event
         whose predecessor failed is not sent: it would overtake it."""
         if previous is not None:
-            await asyncio.wait([previous])
+            if not previous.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(previous)
             if self._failure is not None:
                 return False
         bucket = self._config.bucket_for_key(key)
@@ -263,7 +267,7 @@ class HashedPublisher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             else:
-                PUBLISH_SECONDS.labels(self._group).observe(time.monotonic() - started)
+                self._ack_seconds.observe(time.monotonic() - started)
                 self.stats.acked += 1
                 self.stats.last_seq[key] = seq
                 return True

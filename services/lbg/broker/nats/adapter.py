@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import re
@@ -29,7 +30,13 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
@@ -58,6 +65,7 @@ OWNERS_BUCKET = "lbg_owners"
 # Short, because a publish sent just before a lost connection never gets its ack: it is
 # retried after this long, and the stream's de-duplication (Nats-Msg-Id) drops the copy.
 PUBLISH_TIMEOUT = 3.0
+SUBJECT_CACHE_SIZE = 65536
 ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
@@ -65,8 +73,9 @@ CONTROL_PREFIX = "_lbgctl"
 _REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
+@functools.lru_cache(maxsize=SUBJECT_CACHE_SIZE)
 def subject(destination: Destination) -> str:
-    """The NATS subject of a destination."""
+    """The NATS subject of a destination (remembered: the same few recur for every event)."""
     return ".".join(level_token(level) for level in destination.levels)
 
 
@@ -388,8 +397,10 @@ class NatsBroker(Broker):
         if destination.levels[0] != SYSTEM_PREFIX and MSG_ID_HEADER not in all_headers:
             all_headers[MSG_ID_HEADER] = message_id(target, all_headers, body)
         try:
-            await self._js.publish(target, body, headers=all_headers or None)
-        except NoRespondersError:
+            acked = await self._js.publish_async(target, body, headers=all_headers or None)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await acked
+        except (NoRespondersError, NoStreamResponseError):
             raise PublishError(f"no stream captures '{target}' (does the group exist?)") from None
         except (NatsTimeoutError, TimeoutError):
             refused = self._events.refusal(target)

@@ -537,7 +537,8 @@ class RabbitBroker(Broker):
         )
         try:
             exchange = await self._exchange("publish", exchange_name)
-            await asyncio.wait_for(exchange.publish(message, key), PUBLISH_TIMEOUT)
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await exchange.publish(message, key)
         except DeliveryError as exc:
             raise PublishError(f"'{key}' rejected by the broker: {_delivery_reason(exc)}") from None
         except aiormq.exceptions.ChannelNotFoundEntity:
@@ -660,7 +661,8 @@ class RabbitBroker(Broker):
             await queue.consume(on_message, arguments={"x-stream-offset": offset})
             while not channel.is_closed or not inbox.empty():
                 try:
-                    message = await asyncio.wait_for(inbox.get(), POLL_SECONDS)
+                    async with asyncio.timeout(POLL_SECONDS):
+                        message = await inbox.get()
                 except TimeoutError:
                     continue
                 with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
