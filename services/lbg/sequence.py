@@ -57,6 +57,14 @@ class Report:
         """Nothing known lost and nothing reordered (an unknown loss count is not ok)."""
         return self.lost == 0 and self.reordered == 0
 
+    @property
+    def verdict(self) -> str:
+        """OK, FAILED (something lost or reordered) or UNKNOWN (nothing reordered, but no
+        publisher summary yet says what was published, so losses cannot be counted)."""
+        if self.ok:
+            return "OK"
+        return "UNKNOWN" if self.lost is None and self.reordered == 0 else "FAILED"
+
     def to_dict(self) -> dict[str, object]:
         """The report as plain JSON-ready data."""
         return asdict(self)
@@ -79,7 +87,8 @@ class Report:
         lines = [f"{name:<14}{value}" for name, value in rows]
         lines.append("per client:")
         lines.extend(f"  {client:<12}{count}" for client, count in sorted(self.per_client.items()))
-        lines.append(f"{'result':<14}{'OK' if self.ok else 'FAILED'}")
+        unknown = " (no publisher summary yet: losses cannot be counted)"
+        lines.append(f"{'result':<14}{self.verdict}{unknown if self.verdict == 'UNKNOWN' else ''}")
         return "\n".join(lines)
 
 
