@@ -124,7 +124,7 @@ async def read_group_with_retry(
         lambda: broker.read_group(group),
         BrokerError,
         lambda exc: f"waiting for group '{group}' on {where} ({exc})",
-        lambda exc: f"group '{group}' not found on {where} ({exc})",
+        lambda exc: f"{where}: {exc}",
         budget,
     )
 

@@ -140,7 +140,7 @@ def test_a_missing_group_without_retries_is_one_line_naming_group_and_broker(
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"group '{group_name}' not found on {shown(broker.url)}" in lines[0]
+    assert f"{shown(broker.url)}: group '{group_name}' does not exist" in lines[0]
 
 
 def test_a_missing_group_is_given_up_on_after_connect_retry_for(
@@ -158,7 +158,7 @@ def test_a_missing_group_is_given_up_on_after_connect_retry_for(
     assert "Traceback" not in result.stderr, result.stderr
     assert retries and all(f"waiting for group '{group_name}'" in line for line in retries)
     assert "retrying in" in retries[0] and "(attempt 1)" in retries[0]
-    assert f"group '{group_name}' not found on {shown(broker.url)}" in last
+    assert f"{shown(broker.url)}: group '{group_name}' does not exist" in last
     assert "gave up after" in last and "connect_retry_for = 2" in last
 
 

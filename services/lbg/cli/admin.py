@@ -18,6 +18,7 @@ from lbg.cli.common import (
     config_option,
     fail,
     load,
+    naming_the_broker,
     one_line_errors,
     quiet_option,
     run,
@@ -41,7 +42,8 @@ def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
 async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 2.0) -> int:
     broker: Broker = await connect_broker(settings.broker, default_id("cg-admin"), priority_timeout)
     try:
-        return await action(broker)
+        async with naming_the_broker(settings.broker.shown_url):
+            return await action(broker)
     finally:
         await broker.close()
 

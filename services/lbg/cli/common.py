@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -18,7 +18,7 @@ import click
 import orjson
 import uvloop
 
-from lbg.broker.base import BrokerError
+from lbg.broker.base import BrokerError, GroupNotFound
 from lbg.group import GroupConfigError
 from lbg.handlers import HandlerLoadError
 from lbg.hashing import HashKeyError
@@ -125,11 +125,40 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 
 def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
-    """Load a daemon's config, failing with one line on any problem."""
+    """Load a daemon's config, failing with one line on any problem; without --config and
+    --broker-url, a local stack running from here (`lbg local up`) provides the broker."""
     try:
-        return load_config(path, schema, overrides)
+        return load_config(path, schema, with_local_stack(path, overrides))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+
+
+def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with the broker of the local stack in ./var/local when the command takes
+    --broker-url and neither it nor a config file names a broker (else unchanged)."""
+    from lbg.scaling import DEFAULT_FOLDER, LocalStack
+
+    if path is not None or "broker.url" not in overrides or overrides["broker.url"] is not None:
+        return overrides
+    state = LocalStack(Path(DEFAULT_FOLDER)).running()
+    if state is None:
+        return overrides
+    logging.getLogger("lbg").info("using the local stack's broker %s (%s)", state.broker_url,
+                                  DEFAULT_FOLDER)  # fmt: skip
+    found = {"broker.url": state.broker_url}
+    if state.admin_url and overrides.get("broker.admin_url") is None:
+        found["broker.admin_url"] = state.admin_url
+    return overrides | found
+
+
+@contextlib.asynccontextmanager
+async def naming_the_broker(url: str) -> AsyncIterator[None]:
+    """Prefix a missing group's error with the broker that was asked (`nats://...: group
+    'x' does not exist`), so a user who reached the wrong broker sees which one."""
+    try:
+        yield
+    except GroupNotFound as exc:
+        raise GroupNotFound(f"{url}: {exc}") from None
 
 
 @contextlib.contextmanager
