@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+BAD_INPUT = (ConfigError, GroupConfigError, HashKeyError)
 EXPECTED_ERRORS = (
     ConfigError,
     BrokerError,
@@ -128,9 +129,37 @@ def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
     """Load a daemon's config, failing with one line on any problem; without --config and
     --broker-url, a local stack running from here (`lbg local up`) provides the broker."""
     try:
-        return load_config(path, schema, with_local_stack(path, overrides))
+        return load_config(path, schema, with_local_stack(path, overrides), flag_names(overrides))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+
+
+def flag_names(overrides: dict[str, Any]) -> dict[str, str]:
+    """The flag (or argument) of the running command that gives each dotted override key:
+    `group.queue_count` -> `--queue-count`, `client.id` -> `--id`, `group.name` -> `GROUP`."""
+    params: dict[str, click.Parameter] = {}
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        for param in ctx.command.params:
+            if param.name is not None:
+                params.setdefault(param.name, param)
+        ctx = ctx.parent
+    names = {}
+    for dotted in overrides:
+        section, _, leaf = dotted.rpartition(".")
+        for candidate in (leaf, f"{section}_{leaf}", f"{leaf}_path", section):
+            param = params.get(candidate)
+            if param is not None:
+                names[dotted] = _shown_param(param)
+                break
+    return names
+
+
+def _shown_param(param: click.Parameter) -> str:
+    """How a user wrote a parameter: its long flag (`--queue-count`) or its METAVAR."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
 
 
 def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -163,9 +192,12 @@ async def naming_the_broker(url: str) -> AsyncIterator[None]:
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Turn any error escaping a command into one line on stderr (traceback only with -vv)."""
+    """Turn any error escaping a command into one line on stderr (traceback only with -vv);
+    bad input (config, group definition, key) exits 2 like a bad flag, anything else 1."""
     try:
         yield
+    except BAD_INPUT as exc:
+        fail(str(exc), EXIT_USAGE)
     except EXPECTED_ERRORS as exc:
         fail(str(exc) or type(exc).__name__)
     except KeyboardInterrupt:
