@@ -26,6 +26,11 @@ BAD_FLAGS = [
         ["--group", "g", "--client-index", "3", "--client-count", "2"],
         "--client-index: must be < --client-count (2), got 3",
     ),
+    (
+        publisher.main,
+        ["--group", "g", "--input", "/nonexistent/events.jsonl"],
+        "--input: cannot read '/nonexistent/events.jsonl' (no such file or directory)",
+    ),
     (validator.main, ["--group", "a b"], "--group: expected letters"),
     (lbg, ["status", "--group", "a.b"], "--group: expected letters"),
 ]
