@@ -157,7 +157,7 @@ def test_a_missing_group_is_given_up_on_after_connect_retry_for(
     *retries, last = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr, result.stderr
     assert retries and all(f"waiting for group '{group_name}'" in line for line in retries)
-    assert "retrying in" in retries[0] and "(attempt 1)" in retries[0]
+    assert "retrying for up to 2 s" in retries[0] and "(attempt 1)" in retries[0]
     assert f"{shown(broker.url)}: group '{group_name}' does not exist" in last
     assert "gave up after" in last and "connect_retry_for = 2" in last
 

@@ -4,6 +4,7 @@ cg-admin's connection flags work before or after the subcommand."""
 import pytest
 from click.testing import CliRunner
 
+from lbg import retry
 from lbg.broker.base import BrokerError
 from lbg.cli import admin, client, publisher, validator
 from lbg.cli.tool import main as lbg
@@ -75,3 +76,24 @@ def test_cg_admin_takes_the_broker_url_before_or_after_the_subcommand(
 
     assert asked == ["nats://mq.example:4333"], result.output
     assert result.exit_code == 1
+
+
+@pytest.mark.parametrize("command", [publisher.main, client.main, validator.main])
+def test_connect_retry_zero_gives_up_after_one_attempt(
+    command, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[str] = []
+
+    async def connect(settings, *_args):
+        attempts.append(settings.url)
+        raise BrokerError(f"cannot connect to {settings.url}")
+
+    monkeypatch.setattr(retry, "connect_broker", connect)
+
+    result = CliRunner().invoke(
+        command, ["--broker-url", "nats://mq.example:4333", "--group", "g", "--connect-retry", "0"]
+    )
+
+    assert attempts == ["nats://mq.example:4333"]
+    assert result.exit_code == 1
+    assert result.output.strip().endswith("cannot connect to nats://mq.example:4333")

@@ -51,6 +51,13 @@ metrics_port_option = click.option(
     type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics on this port (0: off) [config: metrics.port].",
 )
+connect_retry_option = click.option(
+    "--connect-retry",
+    "connect_retry_for",
+    type=click.FloatRange(min=0),
+    help="Seconds to keep retrying at start-up while the broker or the group is not there "
+    "(0: fail at once) [config: broker.connect_retry_for; default 60].",
+)
 admin_url_option = click.option(
     "--admin-url",
     help="Management API: RabbitMQ's http://host:15672 or Solace's SEMP http://host:8080.",

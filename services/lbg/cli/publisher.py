@@ -14,6 +14,7 @@ from lbg.cli.common import (
     EXIT_USAGE,
     broker_option,
     config_option,
+    connect_retry_option,
     fail,
     group_option,
     load,
@@ -34,6 +35,7 @@ log = logging.getLogger("lbg.publisher")
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @broker_option
+@connect_retry_option
 @group_option
 @click.option("--id", "publisher_id", help="Publisher identity in summaries [default: host-pid].")
 @click.option(
@@ -56,6 +58,7 @@ log = logging.getLogger("lbg.publisher")
 def main(
     config_path: str | None,
     broker_url: str | None,
+    connect_retry_for: float | None,
     group_name: str | None,
     publisher_id: str | None,
     input_path: str | None,
@@ -78,6 +81,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
         "group.name": group_name,
         "publisher.id": publisher_id,
