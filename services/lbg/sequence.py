@@ -37,7 +37,12 @@ class Observation:
 
 @dataclass
 class Report:
-    """The totals of one validation run; ``lost`` is None when nothing says what was published."""
+    """The totals of one validation run; ``lost`` is None when nothing says what was published.
+
+    ``handovers`` counts a queue's records starting to come from another client (a queue
+    moved); ``reassignments`` counts a key's event coming from another client than its
+    previous one (every key of a moved queue that has events counts once per move).
+    """
 
     published: int | None
     delivered: int
@@ -51,6 +56,7 @@ class Report:
     keys: int
     per_client: dict[str, int] = field(default_factory=dict)
     unsequenced: int = 0
+    handovers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -79,6 +85,7 @@ class Report:
             ("duplicates", self.duplicates),
             ("reordered", self.reordered),
             ("gaps", self.gaps),
+            ("handovers", self.handovers),
             ("reassignments", self.reassignments),
             ("dead-lettered", self.dead_lettered),
             ("keys", self.keys),
@@ -138,6 +145,7 @@ class SequenceChecker:
         self._per_client: Counter[str] = Counter()
         self._counts: Counter[Outcome] = Counter()
         self._reassignments = 0
+        self._handovers = 0
 
     def observe(self, key: str, seq: int, client: str, queue: int) -> Observation:
         """Classify one delivery of ``key``'s ``seq`` by ``client`` from ``queue``, and count it."""
@@ -162,6 +170,8 @@ class SequenceChecker:
         if previous_client is not None:
             self._reassignments += 1
         state.last_client = client
+        if self._queue_owners.get(queue, client) != client:
+            self._handovers += 1
         self._queue_owners[queue] = client
         self._per_client[client] += 1
         self._counts[outcome] += 1
@@ -213,6 +223,7 @@ class SequenceChecker:
             reordered=self._counts[Outcome.REORDER],
             gaps=self._counts[Outcome.GAP],
             reassignments=self._reassignments,
+            handovers=self._handovers,
             dead_lettered=sum(len(seqs) for seqs in dead.values()),
             keys=len(self._keys),
             per_client=dict(self._per_client),

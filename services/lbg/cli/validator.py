@@ -100,7 +100,7 @@ def main(
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(broker.close)
             view = LiveView(settings.group.name)
-            validator = Validator(on_queue_change=view.queue_changed)
+            validator = Validator(on_queue_change=view.queue_changed, on_observation=view.observed)
             if v.web_port:
                 stack.push_async_callback(
                     (await serve_live_view(view, validator, v.web_port, v.web_address)).cleanup
