@@ -60,6 +60,10 @@ def test_up_status_route_live_view_metrics_and_down_with_its_verdict(here: Path)
     assert "queue" in status.stdout, status.stdout
     route = lbg(here, "route", "--group", "local", "some-key")
     assert route.stdout.startswith("some-key\t"), route.stdout
+    # scale returns once the new client joined: it can take a queue at once.
+    assert "started client-2" in lbg(here, "local", "scale", "3").stdout
+    moved = lbg(here, "move", "--group", "local", "0", "client-2")
+    assert "-> client-2" in moved.stdout or "already served by client-2" in moved.stdout
     missing = lbg(here, "status", "--group", "nosuch", check=False)
     state = orjson.loads((here / DEFAULT_FOLDER / "state.json").read_bytes())
     assert missing.returncode != 0

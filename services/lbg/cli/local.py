@@ -9,15 +9,17 @@ import time
 from pathlib import Path
 
 import click
+import uvloop
 
-from lbg.cli.common import admin_url_option, fail, run, setup_logging
+from lbg.cli.common import admin_url_option, fail, one_line_errors, run, setup_logging
 from lbg.embedded import free_port
 from lbg.local import script
-from lbg.scaling import DEFAULT_FOLDER
+from lbg.scaling import DEFAULT_FOLDER, LocalStack
 
 LOCAL_GROUP = "local"
 BROKER_START_TIMEOUT = 20.0
 VALIDATOR_IDLE_EXIT = "2"
+JOIN_TIMEOUT = 30.0
 
 folder_option = click.option(
     "--folder",
@@ -28,9 +30,7 @@ folder_option = click.option(
 )
 
 
-def _stack(folder: str):
-    from lbg.scaling import LocalStack
-
+def _stack(folder: str) -> LocalStack:
     return LocalStack(Path(folder))
 
 
@@ -113,9 +113,10 @@ def up(
         )  # fmt: skip
     stack.save(state)
     try:
-        stack.scale(clients)
+        started, _ = stack.scale(clients)
     except StackError as exc:
         fail(str(exc))
+    _wait_for_members(stack, started)
     click.echo(f"local stack up: broker {state.broker_url}, group '{group_name}', "
                f"{clients} clients; logs in {stack.folder}")  # fmt: skip
     if web_port:
@@ -143,6 +144,39 @@ def _wait_for_port(port: int, pid: int) -> None:
     fail(f"the embedded broker did not listen on {port} within {BROKER_START_TIMEOUT:g} s")
 
 
+def _wait_for_members(stack: LocalStack, names: list[str]) -> None:
+    """Return once the clients just started are heard as active members, so that the next
+    command (`lbg move ... client-3`) finds them; a note after JOIN_TIMEOUT s if not."""
+    from lbg.api import default_id
+    from lbg.broker import connect_broker
+    from lbg.membership import MemberState
+    from lbg.operator import read_status
+    from lbg.settings import BrokerSettings
+
+    if not names:
+        return
+    state = stack.load()
+
+    async def joined() -> bool:
+        settings = BrokerSettings(url=state.broker_url, admin_url=state.admin_url)
+        broker = await connect_broker(settings, default_id("lbg-local"))
+        try:
+            deadline = time.monotonic() + JOIN_TIMEOUT
+            while time.monotonic() < deadline:
+                status = await read_status(broker, state.group, 0.5)
+                active = {m.member for m in status.members if m.state == MemberState.ACTIVE.value}
+                if active.issuperset(names):
+                    return True
+            return False
+        finally:
+            await broker.close()
+
+    with one_line_errors():
+        if not uvloop.run(joined()):
+            click.echo(f"note: {', '.join(names)} not active within {JOIN_TIMEOUT:g} s "
+                       f"(see their logs in {stack.folder})", err=True)  # fmt: skip
+
+
 @local.command()
 @folder_option
 @click.argument("count", type=click.IntRange(min=0))
@@ -155,6 +189,7 @@ def scale(folder: str, count: int) -> None:
         started, stopped = _stack(folder).scale(count)
     except StackError as exc:
         fail(str(exc))
+    _wait_for_members(_stack(folder), started)
     click.echo(f"{count} clients; started {', '.join(started) or '-'}; "
                f"stopped {', '.join(stopped) or '-'}")  # fmt: skip
 
