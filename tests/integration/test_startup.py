@@ -212,15 +212,15 @@ def test_an_unreachable_broker_is_given_up_on_after_connect_retry_for(
 
 
 @pytest.mark.parametrize("program", DAEMONS)
-def test_no_retries_keeps_failing_within_the_connect_timeout(program: str, tmp_path: Path) -> None:
+def test_no_retries_fails_at_once_where_nothing_listens(program: str, tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     config = write_config(tmp_path, "connect_timeout = 1\nconnect_retry_for = 0")
     started = time.monotonic()
 
     result = run(program, "--config", str(config), "--broker-url", url, "-q", *DAEMONS[program])
 
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 4
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"cannot connect to {url} within 1s" in lines[0]
+    assert f"cannot connect to {url}: connection refused" in lines[0]
