@@ -58,6 +58,7 @@ def test_up_status_route_live_view_metrics_and_down_with_its_verdict(here: Path)
     # No --broker-url: the operator commands find the stack running from this folder.
     status = lbg(here, "status", "--group", "local", "--listen", "1")
     assert "queue" in status.stdout, status.stdout
+    assert lbg(here, "status").stdout.startswith("group 'local'"), "no --group: the stack's"
     route = lbg(here, "route", "--group", "local", "some-key")
     assert route.stdout.startswith("some-key\t"), route.stdout
     # scale returns once the new client joined: it can take a queue at once.

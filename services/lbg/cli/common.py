@@ -171,7 +171,8 @@ def _shown_param(param: click.Parameter) -> str:
 
 def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """`overrides` with the broker of the local stack in ./var/local when the command takes
-    --broker-url and neither it nor a config file names a broker (else unchanged)."""
+    --broker-url and neither it nor a config file names a broker (else unchanged); its group
+    too, where the command takes --group and none was given."""
     from lbg.scaling import DEFAULT_FOLDER, LocalStack
 
     if path is not None or "broker.url" not in overrides or overrides["broker.url"] is not None:
@@ -184,6 +185,8 @@ def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, A
     found = {"broker.url": state.broker_url}
     if state.admin_url and overrides.get("broker.admin_url") is None:
         found["broker.admin_url"] = state.admin_url
+    if "group.name" in overrides and overrides["group.name"] is None:
+        found["group.name"] = state.group
     return overrides | found
 
 
