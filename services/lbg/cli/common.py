@@ -134,7 +134,8 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
     """Load a daemon's config, failing with one line on any problem; without --config and
-    --broker-url, a local stack running from here (`lbg local up`) provides the broker."""
+    --broker-url, a local stack running from here (`lbg local up`) provides the broker (and
+    the group, without --group); errors name the flags the user gave."""
     try:
         return load_config(path, schema, with_local_stack(path, overrides), flag_names(overrides))
     except ConfigError as exc:
@@ -180,8 +181,8 @@ def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, A
     state = LocalStack(Path(DEFAULT_FOLDER)).running()
     if state is None:
         return overrides
-    logging.getLogger("lbg").info("using the local stack's broker %s (%s)", state.broker_url,
-                                  DEFAULT_FOLDER)  # fmt: skip
+    log = logging.getLogger("lbg")
+    log.info("using the local stack's broker %s (%s)", state.broker_url, DEFAULT_FOLDER)
     found = {"broker.url": state.broker_url}
     if state.admin_url and overrides.get("broker.admin_url") is None:
         found["broker.admin_url"] = state.admin_url
