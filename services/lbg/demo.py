@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from lbg.validator import Validator, run_validator, wait_until_complete
 
 DEMO_GROUP = "demo"
 CLIENT_COUNT = 4
+PROGRESS_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Timeline:
     def say(self, text: str) -> None:
         self._echo(f"[{time.monotonic() - self._start:6.1f}s] {text}")
 
-    def queue_changed(self, queue: int, old: str | None, new: str) -> None:
+    def queue_changed(self, queue: int, old: str | None, new: str, _at: float | None) -> None:
         self.say(f"    queue {queue}: {old or '-'} -> {new}")
 
 
@@ -66,10 +68,11 @@ def client_name(index: int) -> str:
 
 
 async def _phase(timeline: Timeline, validator: Validator, seconds: float) -> None:
-    """Let the system run for a phase, printing progress every few seconds."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        await asyncio.sleep(min(left, 5.0))
+    """Let the system run for a phase, printing progress every 5 s at most: equal steps, so
+    that a phase's last sliver never turns into a burst of identical lines."""
+    steps = max(1, math.ceil(seconds / PROGRESS_SECONDS))
+    for _ in range(steps):
+        await asyncio.sleep(seconds / steps)
         timeline.say(f"    {validator.progress_line()}")
 
 
@@ -86,11 +89,11 @@ async def run_demo(options: DemoOptions, workdir: Path, echo: Callable[[str], No
     local = LocalDeployment(options.broker_url, DEMO_GROUP, workdir)
     view = LiveView(DEMO_GROUP)
 
-    def queue_changed(queue: int, old: str | None, new: str) -> None:
-        timeline.queue_changed(queue, old, new)
-        view.queue_changed(queue, old, new)
+    def queue_changed(queue: int, old: str | None, new: str, at: float | None) -> None:
+        timeline.queue_changed(queue, old, new, at)
+        view.queue_changed(queue, old, new, at)
 
-    validator = Validator(on_queue_change=queue_changed)
+    validator = Validator(on_queue_change=queue_changed, on_observation=view.observed)
     stop_validator = asyncio.Event()
     validation: asyncio.Task[Report] | None = None
     web = None

@@ -11,11 +11,12 @@ import collections
 import importlib.resources
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from lbg.sequence import Report
+from lbg.sequence import Observation, Report
 from lbg.validator import Validator
 
 log = logging.getLogger(__name__)
@@ -25,30 +26,48 @@ RATE_WINDOW_SECONDS = 5.0
 
 
 class LiveView:
-    """What the page shows, kept current by the validator's queue-change callback."""
+    """What the page shows, kept current by the validator's callbacks: `queue_changed` for
+    the handovers and `observed` for the rate."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
         self.owners: dict[int, str] = {}
         self.handovers: collections.deque[dict[str, Any]] = collections.deque(maxlen=HANDOVERS_KEPT)
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._clock = clock
+        self._arrivals: collections.deque[float] = collections.deque()
+        self._first_record_at: float | None = None
         self._started = time.time()
 
-    def queue_changed(self, queue: int, old: str | None, new: str) -> None:
-        """A queue's records now come from another client: note the handover."""
+    def queue_changed(self, queue: int, old: str | None, new: str, at: float | None) -> None:
+        """A queue's records now come from another client: note the handover at the time its
+        first record was stored (`at`, epoch seconds; now if unknown), as seconds after the
+        first record of the run, so that records read late still show when they happened."""
+        stored = time.time() if at is None else at
+        if self._first_record_at is None:
+            self._first_record_at = stored
         self.owners[queue] = new
         self.handovers.append(
-            {"at": round(time.time() - self._started, 3), "queue": queue, "from": old, "to": new}
+            {
+                "at": round(max(0.0, stored - self._first_record_at), 3),
+                "queue": queue,
+                "from": old,
+                "to": new,
+            }
         )
 
-    def _rate(self, delivered: int) -> float:
-        """Records per second over the last few seconds of snapshots."""
-        now = time.monotonic()
-        self._samples.append((now, delivered))
-        while self._samples and now - self._samples[0][0] > RATE_WINDOW_SECONDS:
-            self._samples.popleft()
-        first_at, first = self._samples[0]
-        return (delivered - first) / (now - first_at) if now > first_at else 0.0
+    def observed(self, _observation: Observation) -> None:
+        """One record read: counted for the rate, however often the page asks."""
+        self._arrivals.append(self._clock())
+
+    def rate(self) -> float:
+        """Records read per second over the last RATE_WINDOW_SECONDS (or since the first
+        record, if that is more recent)."""
+        now = self._clock()
+        while self._arrivals and now - self._arrivals[0] > RATE_WINDOW_SECONDS:
+            self._arrivals.popleft()
+        if not self._arrivals:
+            return 0.0
+        return len(self._arrivals) / max(1.0, min(RATE_WINDOW_SECONDS, now - self._arrivals[0]))
 
     def state(self, report: Report) -> dict[str, Any]:
         """Everything the page renders, as JSON-ready data."""
@@ -59,7 +78,7 @@ class LiveView:
             "owners": {str(q): c for q, c in sorted(self.owners.items())},
             "clients": clients,
             "handovers": list(self.handovers)[-50:],
-            "rate": round(self._rate(report.delivered), 1),
+            "rate": round(self.rate(), 1),
             "report": report.to_dict(),
         }
 

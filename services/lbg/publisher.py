@@ -74,6 +74,9 @@ async def cycle_keys(keys: list[str]) -> AsyncIterator[tuple[str, bytes]]:
             yield key, b""
 
 
+NOT_AN_OBJECT = 'not a JSON object (expected {"key": ..., "data": <JSON>} or "body": "<text>")'
+
+
 def parse_line(line: bytes | str, where: str) -> tuple[str, bytes]:
     """One JSON-lines input record: `{"key": ..., "data": <any JSON>}` (the body is that JSON)
     or `{"key": ..., "body": "<text>"}` (the body is that text, UTF-8); MalformedMessage
@@ -81,7 +84,11 @@ def parse_line(line: bytes | str, where: str) -> tuple[str, bytes]:
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise MalformedMessage(f"{where}: not valid JSON ({exc})") from None
+        if line.lstrip()[:1] not in (b"{", "{"):
+            raise MalformedMessage(f"{where}: {NOT_AN_OBJECT}") from None
+        raise MalformedMessage(
+            f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
+        ) from None
     if not isinstance(record, dict) or "key" not in record:
         raise MalformedMessage(f'{where}: expected an object with a "key" field')
     body = record.get("body")

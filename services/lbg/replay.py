@@ -431,8 +431,11 @@ def _watch_progress(
     echo: Callable[[str], None],
     total: int,
     acked_so_far: Accumulator[int],
+    processed: Callable[[], int] | None,
 ) -> None:
-    """Overall progress from the driver every few seconds: partitions and rows finished."""
+    """Overall progress from the driver every few seconds: partitions finished, the rows they
+    acked (Spark reports a task's counts when it ends), and, if `processed` is given, the
+    rows the group has processed so far (they flow long before a partition finishes)."""
     tracker = spark.sparkContext.statusTracker()
     started = time.monotonic()
     while not done.wait(PROGRESS_SECONDS):
@@ -442,9 +445,10 @@ def _watch_progress(
             if stage is not None and stage.numTasks == total:
                 finished = stage.numCompletedTasks
         elapsed = time.monotonic() - started
+        live = "" if processed is None else f"{processed()} rows processed by the group; "
         echo(
-            f"replay: {finished}/{total} partitions done, {acked_so_far.value} rows acked by"
-            f" them after {elapsed:.0f} s"
+            f"replay after {elapsed:.0f} s: {live}{finished}/{total} partitions finished"
+            f" ({acked_so_far.value} rows acked by those)"
         )
 
 
@@ -454,8 +458,10 @@ def replay(
     group: str,
     options: ReplayOptions,
     echo: Callable[[str], None] = log.info,
+    processed: Callable[[], int] | None = None,
 ) -> ReplayResult:
-    """Replay `options.path` into `group`; ReplayError (one line) on bad input or a failed job."""
+    """Replay `options.path` into `group`; ReplayError (one line) on bad input or a failed job.
+    `processed`, if given, counts the rows the group processed so far for the progress lines."""
     settings = replace(settings, password=settings.secret(), password_file=None)
     config = uvloop.run(read_group_config(settings, group))
     df = read_dataset(spark, options.path, options.input_format)
@@ -476,7 +482,9 @@ def replay(
 
     done = threading.Event()
     watcher = threading.Thread(
-        target=_watch_progress, args=(spark, done, echo, partitions, acked_so_far), daemon=True
+        target=_watch_progress,
+        args=(spark, done, echo, partitions, acked_so_far, processed),
+        daemon=True,
     )
     started = time.monotonic()
     watcher.start()

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lbg.broker import connect_broker
 from lbg.group import GroupConfig
@@ -19,8 +20,11 @@ from lbg.local import LocalDeployment
 from lbg.replay import ReplayOptions, ReplayResult, replay
 from lbg.sequence import Report
 from lbg.settings import BrokerSettings
-from lbg.spark import spark_session
+from lbg.spark import console_to, spark_session
 from lbg.validator import Validator, run_validator, wait_until_complete
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 GROUP = "replay"
 
@@ -37,6 +41,13 @@ class LocalReplay:
     queue_count: int = 4
     queue_size_mb: int = 1024
     drain_timeout: float = 120.0
+    spark_log: Path = Path("var/replay/spark.log")
+
+
+def _quiet_spark_session(master: str | None, log_path: Path) -> SparkSession:
+    """A Spark session whose JVM writes its console warnings to `log_path`, not the terminal."""
+    with console_to(log_path):
+        return spark_session(master)
 
 
 async def run_local_replay(
@@ -66,9 +77,16 @@ async def run_local_replay(
         for index in range(run.clients):
             local.start(f"client-{index}", "lbg-client", "--id", f"client-{index}")
         echo(f"{run.clients} clients started")
-        spark = await asyncio.to_thread(spark_session, run.master)
+        echo(f"Spark's and Java's console output: {run.spark_log}")
+        spark = await asyncio.to_thread(_quiet_spark_session, run.master, run.spark_log)
+
+        def processed() -> int:
+            return validator.report().unique
+
         try:
-            result = await asyncio.to_thread(replay, spark, settings, GROUP, run.replay, echo)
+            result = await asyncio.to_thread(
+                replay, spark, settings, GROUP, run.replay, echo, processed
+            )
         finally:
             await asyncio.to_thread(spark.stop)
         echo("drain: waiting until every replayed row is accounted for")

@@ -1,7 +1,8 @@
 """Daemon start-up that tolerates start-up order: wait for the broker, then for the group.
 
-Each failed attempt logs one line with the reason and the next delay (exponential, capped,
-jittered); `[broker] connect_retry_for` bounds the whole wait, and 0 fails at once.
+The first failed attempt logs a warning with the reason and how long start-up will keep
+trying, later ones an info line each with the next delay (exponential, capped, jittered);
+`--connect-retry` / `[broker] connect_retry_for` bounds the whole wait, and 0 fails at once.
 """
 
 from __future__ import annotations
@@ -89,13 +90,21 @@ async def retry(
                 gave_up = (
                     f"; gave up after {attempt} attempt{'s' if attempt > 1 else ''} in"
                     f" {time.monotonic() - budget.started:.0f} s"
-                    f" (connect_retry_for = {budget.seconds:g})"
+                    f" (--connect-retry / connect_retry_for = {budget.seconds:g})"
                     if budget.seconds > 0
                     else ""
                 )
                 raise BrokerError(f"{failed(exc)}{gave_up}") from None
             delay = min(backoff(attempt), left)
-            log.warning("%s; retrying in %.1f s (attempt %d)", waiting(exc), delay, attempt)
+            if attempt == 1:
+                log.warning(
+                    "%s; retrying for up to %g s (--connect-retry), next in %.1f s (attempt 1)",
+                    waiting(exc),
+                    budget.seconds,
+                    delay,
+                )
+            else:
+                log.info("%s; retrying in %.1f s (attempt %d)", waiting(exc), delay, attempt)
             await budget.pause(delay)
 
 
@@ -124,7 +133,7 @@ async def read_group_with_retry(
         lambda: broker.read_group(group),
         BrokerError,
         lambda exc: f"waiting for group '{group}' on {where} ({exc})",
-        lambda exc: f"group '{group}' not found on {where} ({exc})",
+        lambda exc: f"{where}: {exc}",
         budget,
     )
 

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -26,11 +27,14 @@ import orjson
 from lbg.broker.base import Broker
 from lbg.group import GroupConfig
 from lbg.local import script
+from lbg.sequence import Report
 
 log = logging.getLogger(__name__)
+DEFAULT_FOLDER = "var/local"
 STATE_FILE = "state.json"
+REPORT_FILE = "validator-report.json"
 STOP_TIMEOUT = 15.0
-DRAIN_SECONDS = 3.0
+VERDICT_TIMEOUT = 30.0
 
 
 class StackError(Exception):
@@ -49,6 +53,18 @@ class StackState:
     clients: dict[str, int] = dataclasses.field(default_factory=dict)
     next_client: int = 0
     client_args: list[str] = dataclasses.field(default_factory=list)
+    metrics_port: int = 0
+
+    def metrics_args(self, offset: int) -> list[str]:
+        """`--metrics-port` for the daemon `offset` ports above the stack's base (none if 0):
+        the validator serves on the base, the publisher on base+1, client-N on base+2+N."""
+        return ["--metrics-port", str(self.metrics_port + offset)] if self.metrics_port else []
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process the stack started."""
+        broker = [] if self.broker_pid is None else [self.broker_pid]
+        return [*broker, *self.others.values(), *self.clients.values()]
 
 
 def alive(pid: int) -> bool:
@@ -88,6 +104,26 @@ class LocalStack:
     @property
     def state_path(self) -> Path:
         return self.folder / STATE_FILE
+
+    @property
+    def report_path(self) -> Path:
+        """Where the stack's validator writes its final report (read by `down`)."""
+        return self.folder / REPORT_FILE
+
+    def running(self) -> StackState | None:
+        """The state of a stack that still has a live process here; None if there is none."""
+        try:
+            state = self.load()
+        except StackError:
+            return None
+        return state if any(alive(pid) for pid in state.pids) else None
+
+    def clear(self) -> None:
+        """Remove what an earlier run left (logs, report, broker data, a stale state file), so
+        that a new run's logs and report are its own."""
+        for leftover in [*self.folder.glob("*.log"), self.report_path, self.state_path]:
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(self.folder / "nats", ignore_errors=True)
 
     def load(self) -> StackState:
         try:
@@ -137,9 +173,10 @@ class LocalStack:
         started: list[str] = []
         stopped: list[str] = []
         while len(running) < count:
-            name = f"client-{state.next_client}"
+            number = state.next_client
+            name = f"client-{number}"
             state.next_client += 1
-            args = ("--id", name, *state.client_args)
+            args = ("--id", name, *state.client_args, *state.metrics_args(2 + number))
             running[name] = self.spawn(state, name, "lbg-client", *args)
             started.append(name)
         for name in sorted(running, key=_client_number, reverse=True)[: len(running) - count]:
@@ -149,19 +186,34 @@ class LocalStack:
         self.save(state)
         return started, stopped
 
-    def down(self, drain_seconds: float = DRAIN_SECONDS) -> None:
-        """Stop the publisher (it sends its summary), give the clients a moment to drain, stop
-        them (clean handovers), then the validator (it logs its report) and the broker."""
+    def down(self, verdict_timeout: float = VERDICT_TIMEOUT) -> Report | None:
+        """Stop the publisher (it sends its summary), let the clients drain until the validator
+        has accounted for every event and exits by itself (at most `verdict_timeout` s), stop
+        the clients (clean handovers), the validator and the broker; the validator's report
+        (None if it wrote none)."""
         state = self.load()
         publisher = state.others.pop("publisher", None)
+        validator = state.others.get("validator")
         if publisher is not None and alive(publisher):
             stop_process(publisher)
-            time.sleep(drain_seconds)
+            if validator is not None:
+                _wait_for_exit(validator, verdict_timeout)
         for pid in [*state.clients.values(), *state.others.values()]:
             stop_process(pid)
         if state.broker_pid is not None:
             stop_process(state.broker_pid)
         self.state_path.unlink(missing_ok=True)
+        try:
+            return Report(**orjson.loads(self.report_path.read_bytes()))
+        except (OSError, orjson.JSONDecodeError, TypeError):
+            return None
+
+
+def _wait_for_exit(pid: int, timeout: float) -> None:
+    """Wait until the process exits by itself, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _client_number(name: str) -> int:

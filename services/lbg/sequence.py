@@ -37,7 +37,12 @@ class Observation:
 
 @dataclass
 class Report:
-    """The totals of one validation run; ``lost`` is None when nothing says what was published."""
+    """The totals of one validation run; ``lost`` is None when nothing says what was published.
+
+    ``handovers`` counts a queue's records starting to come from another client (a queue
+    moved); ``reassignments`` counts a key's event coming from another client than its
+    previous one (every key of a moved queue that has events counts once per move).
+    """
 
     published: int | None
     delivered: int
@@ -51,11 +56,20 @@ class Report:
     keys: int
     per_client: dict[str, int] = field(default_factory=dict)
     unsequenced: int = 0
+    handovers: int = 0
 
     @property
     def ok(self) -> bool:
         """Nothing known lost and nothing reordered (an unknown loss count is not ok)."""
         return self.lost == 0 and self.reordered == 0
+
+    @property
+    def verdict(self) -> str:
+        """OK, FAILED (something lost or reordered) or UNKNOWN (nothing reordered, but no
+        publisher summary yet says what was published, so losses cannot be counted)."""
+        if self.ok:
+            return "OK"
+        return "UNKNOWN" if self.lost is None and self.reordered == 0 else "FAILED"
 
     def to_dict(self) -> dict[str, object]:
         """The report as plain JSON-ready data."""
@@ -71,6 +85,7 @@ class Report:
             ("duplicates", self.duplicates),
             ("reordered", self.reordered),
             ("gaps", self.gaps),
+            ("handovers", self.handovers),
             ("reassignments", self.reassignments),
             ("dead-lettered", self.dead_lettered),
             ("keys", self.keys),
@@ -79,7 +94,8 @@ class Report:
         lines = [f"{name:<14}{value}" for name, value in rows]
         lines.append("per client:")
         lines.extend(f"  {client:<12}{count}" for client, count in sorted(self.per_client.items()))
-        lines.append(f"{'result':<14}{'OK' if self.ok else 'FAILED'}")
+        unknown = " (no publisher summary yet: losses cannot be counted)"
+        lines.append(f"{'result':<14}{self.verdict}{unknown if self.verdict == 'UNKNOWN' else ''}")
         return "\n".join(lines)
 
 
@@ -129,6 +145,7 @@ class SequenceChecker:
         self._per_client: Counter[str] = Counter()
         self._counts: Counter[Outcome] = Counter()
         self._reassignments = 0
+        self._handovers = 0
 
     def observe(self, key: str, seq: int, client: str, queue: int) -> Observation:
         """Classify one delivery of ``key``'s ``seq`` by ``client`` from ``queue``, and count it."""
@@ -153,6 +170,8 @@ class SequenceChecker:
         if previous_client is not None:
             self._reassignments += 1
         state.last_client = client
+        if self._queue_owners.get(queue, client) != client:
+            self._handovers += 1
         self._queue_owners[queue] = client
         self._per_client[client] += 1
         self._counts[outcome] += 1
@@ -204,6 +223,7 @@ class SequenceChecker:
             reordered=self._counts[Outcome.REORDER],
             gaps=self._counts[Outcome.GAP],
             reassignments=self._reassignments,
+            handovers=self._handovers,
             dead_lettered=sum(len(seqs) for seqs in dead.values()),
             keys=len(self._keys),
             per_client=dict(self._per_client),

@@ -20,6 +20,8 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
+from lbg.hashing import HASH_FUNCTIONS
+
 T = TypeVar("T")
 
 PASSWORD_ENV = "LBG_BROKER_PASSWORD"
@@ -192,8 +194,10 @@ class GroupSettings:
         _check_name("hash_prefix", self.hash_prefix, _NAME, "letters, digits, '-' or '_'")
         if not self.client_username:
             raise ValueError("client_username: must not be empty")
-        if not self.hash_function:
-            raise ValueError("hash_function: must not be empty")
+        if self.hash_function not in HASH_FUNCTIONS:
+            choices = ", ".join(HASH_FUNCTIONS)
+            shown = _show(self.hash_function)
+            raise ValueError(f"hash_function: expected one of {choices}, got {shown}")
         if self.queue_count > self.hash_count:
             raise ValueError(
                 f"queue_count: must be <= hash_count ({self.hash_count}), got {self.queue_count}"
@@ -318,12 +322,16 @@ def load_config(
     path: str | os.PathLike[str] | None,
     schema: type[T],
     overrides: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> T:
-    """Read `path` (None: defaults only), apply dotted `overrides` (None values skipped), check."""
+    """Read `path` (None: defaults only), apply dotted `overrides` (None values skipped), check.
+
+    `names` maps an override's dotted key to what the user wrote (a flag such as
+    `--queue-count`), so that an error about it names that instead of the config key."""
     source = None if path is None else os.fspath(path)
     data = {} if source is None else _read_toml(source)
     applied = _apply_overrides(data, overrides or {})
-    return _Builder(source, applied).build(schema, data, ())
+    return _Builder(source, applied, names or {}).build(schema, data, ())
 
 
 def _read_toml(source: str) -> dict[str, Any]:
@@ -369,9 +377,12 @@ def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> set[
 class _Builder:
     """Turns parsed TOML into (nested) dataclasses, naming the origin of any bad value."""
 
-    def __init__(self, source: str | None, overridden: set[tuple[str, ...]]) -> None:
+    def __init__(
+        self, source: str | None, overridden: set[tuple[str, ...]], names: Mapping[str, str]
+    ) -> None:
         self.source = source
         self.overridden = overridden
+        self.names = {path: names[".".join(path)] for path in overridden if ".".join(path) in names}
 
     def origin(self, overridden: bool) -> str:
         """Who supplied a section's values: the file, the defaults, overrides, or a mix."""
@@ -381,6 +392,8 @@ class _Builder:
 
     def error(self, path: tuple[str, ...], message: str) -> ConfigError:
         """An error about the key at `path`, attributed to an override or to the file."""
+        if path in self.names:
+            return ConfigError(f"{self.names[path]}: {message}")
         if path in self.overridden:
             return ConfigError(f"override {'.'.join(path)}: {message}")
         *section, key = path
@@ -407,11 +420,20 @@ class _Builder:
             try:
                 validate()
             except ValueError as exc:
-                touched = any(p[: len(path)] == path for p in self.overridden)
-                raise ConfigError(
-                    f"{self.origin(touched)}: [{'.'.join(map(_key, path))}] {exc}"
-                ) from None
+                raise self.invalid(path, str(exc)) from None
         return instance
+
+    def invalid(self, path: tuple[str, ...], message: str) -> ConfigError:
+        """A section's check failed with "<key>: <why>": name the flag if one gave that key
+        (and any other flag named in the why), else the file or defaults and the section."""
+        key, _, why = message.partition(":")
+        for flagged, name in self.names.items():
+            if flagged[:-1] == path:
+                why = re.sub(rf"\b{flagged[-1]}\b", name, why)
+        if (*path, key) in self.names:
+            return ConfigError(f"{self.names[(*path, key)]}:{why}")
+        touched = any(p[: len(path)] == path for p in self.overridden)
+        return ConfigError(f"{self.origin(touched)}: [{'.'.join(map(_key, path))}] {key}:{why}")
 
     def convert(
         self, field: dataclasses.Field[Any], hint: Any, raw: Any, path: tuple[str, ...]

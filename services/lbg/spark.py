@@ -8,12 +8,15 @@ under spark-submit the master and config given there win.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,6 +33,24 @@ def _quiet() -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     warnings.filterwarnings("ignore", message=r".*PySpark does not yet fully support pandas.*")
+
+
+@contextlib.contextmanager
+def console_to(path: Path) -> Iterator[None]:
+    """Send this process's stderr (fd 2) to `path` meanwhile: a JVM started inside inherits
+    it, so Java's and Spark's console warnings (and Spark tasks' own lines) go to that file
+    for as long as it runs, and the terminal keeps only what the caller prints."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def spark_session(master: str | None = None, app_name: str = APP_NAME) -> SparkSession:

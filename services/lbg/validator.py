@@ -30,7 +30,7 @@ from lbg.sequence import Observation, Outcome, Report, SequenceChecker
 log = logging.getLogger(__name__)
 shard_log = logging.getLogger(__name__ + ".shards")
 
-QueueChange = Callable[[int, str | None, str], None]
+QueueChange = Callable[[int, str | None, str, float | None], None]
 ObservationHook = Callable[[Observation], None]
 
 
@@ -96,7 +96,7 @@ class Validator:
                 "queue %d now served by client %s (was %s)", record.queue, record.client, owner
             )
             if self._on_queue_change is not None:
-                self._on_queue_change(record.queue, owner, record.client)
+                self._on_queue_change(record.queue, owner, record.client, message.at)
         if observation.outcome is not Outcome.IN_ORDER:
             log.warning(
                 "Sequence number error (%s). key %s expected %d but received %d :: client %s",
@@ -175,7 +175,8 @@ class Validator:
             "duplicates": "Events processed more than once.",
             "reordered": "Events processed after a later one of their key.",
             "gaps": "Sequence gaps seen (may fill in later).",
-            "reassignments": "Times a queue moved to another client.",
+            "handovers": "Times a queue's records started coming from another client.",
+            "reassignments": "Events whose key's previous event came from another client.",
             "dead_lettered": "Dead letters seen.",
             "unsequenced": "Events processed that carried no Lbg-Seq (not order-checked).",
             "keys": "Keys seen.",
@@ -203,12 +204,14 @@ class Validator:
         yield gauge("lbg_validator_idle_seconds", "Seconds since the last record.", group, idle)
 
     def progress_line(self) -> str:
+        """The running counts on one line; `lost` only once a publisher summary makes it known
+        (while the publisher runs, nothing says what it published)."""
         report = self.report()
-        lost = "?" if report.lost is None else str(report.lost)
+        lost = "" if report.lost is None else f" lost {report.lost}"
         return (
-            f"delivered {report.delivered} unique {report.unique} missing {lost} "
+            f"delivered {report.delivered} unique {report.unique}{lost} "
             f"reordered {report.reordered} duplicates {report.duplicates} "
-            f"reassignments {report.reassignments}"
+            f"handovers {report.handovers}"
         )
 
 

@@ -232,15 +232,15 @@ def assert_clean_log(deployment: LocalDeployment, name: str) -> None:
 # covers HC < QC, QC = 0, HC = 0 and bad hash prefixes.
 IMPOSSIBLE_GROUPS = {
     "HC-above-limit": (["--hash-count", "100001"], "", ["HC (hash count)", "100001"]),
-    "QS-negative": (["--queue-size", "-1"], "", ["queue_size_mb", "-1"]),
+    "QS-negative": (["--queue-size", "-1"], "", ["--queue-size", "-1"]),
     "QS-zero-in-file": ([], "queue_size_mb = 0", ["[group] queue_size_mb", "got 0"]),
     "QSxQC-beyond-64-bit-bytes": (
         ["--queue-size", str(2**43)],
         "",
         ["QS (queue size MB)", str(2**43), "64 bits"],
     ),
-    "HF-unknown-in-file": ([], 'hash_function = "crc32"', ["HF (hash function)", "'crc32'"]),
-    "HF-unknown-flag": (["--hash-function", "crc32"], "", ["HF (hash function)", "'crc32'"]),
+    "HF-unknown-in-file": ([], 'hash_function = "crc32"', ["[group] hash_function", '"crc32"']),
+    "HF-unknown-flag": (["--hash-function", "crc32"], "", ["--hash-function", '"crc32"']),
     "RF-above-limit": (["--replicas", "6"], "", ["replicas", "6"]),
     "HF-unknown-in-json": (
         ["--from-json", '{"HP":"PREFIX","HC":8,"QC":2,"HF":"crc32"}'],
@@ -249,8 +249,8 @@ IMPOSSIBLE_GROUPS = {
     ),
     "QC-above-HC-in-file": ([], "hash_count = 2\nqueue_count = 3", ["queue_count", "3"]),
     "CU-with-a-space": (["--client-username", "a b"], "", ["CU (client username)", "'a b'"]),
-    "name-with-a-space": (["--group", "a b"], "", ["name", '"a b"']),
-    "name-with-a-dot": (["--group", "a.b"], "", ["name", '"a.b"']),
+    "name-with-a-space": (["--group", "a b"], "", ["--group", '"a b"']),
+    "name-with-a-dot": (["--group", "a.b"], "", ["--group", '"a.b"']),
     "name-leading-dash": (["--group", "-a"], "", ["group name", "'-a'"]),
     "name-too-long": (["--group", "n" * 65], "", ["group name", "n" * 40]),
 }
@@ -497,6 +497,8 @@ def test_bad_input_lines_are_logged_and_skipped_and_the_rest_published(
     assert stats["keys"] == 3
     warnings = [line for line in result.stderr.splitlines() if "skipped input line" in line]
     assert [w.split(f"{events}:")[1].split(":")[0] for w in warnings] == ["2", "4", "6", "9"]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "published 4 events" in last and "skipped 4 bad input lines" in last, last
     deadline = time.monotonic() + 10  # RabbitMQ's queue figures lag half a second
     while sum(int(row[1]) for row in queue_rows(broker, group_name)) != 4:
         assert time.monotonic() < deadline, queue_rows(broker, group_name)

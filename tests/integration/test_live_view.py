@@ -67,6 +67,7 @@ def test_live_view_shows_one_active_client_per_queue_and_the_handovers(tmp_path:
     finally:
         output, _ = demo.communicate(timeout=120)
     assert demo.returncode == 0, output
+    assert current["rate"] > 0, "records flowed but the live view showed 0 records/s"
 
     rows = re.findall(r'<tr data-queue="(\d+)">(.*?)</tr>', dom)
     assert [int(q) for q, _ in rows] == [0, 1, 2, 3], dom

@@ -53,7 +53,7 @@ def stacks() -> Iterator[list[LocalStack]]:
     yield started
     for stack in started:
         if stack.state_path.exists():
-            stack.down(drain_seconds=0)
+            stack.down(verdict_timeout=0)
 
 
 def up(

@@ -140,7 +140,7 @@ def test_a_missing_group_without_retries_is_one_line_naming_group_and_broker(
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"group '{group_name}' not found on {shown(broker.url)}" in lines[0]
+    assert f"{shown(broker.url)}: group '{group_name}' does not exist" in lines[0]
 
 
 def test_a_missing_group_is_given_up_on_after_connect_retry_for(
@@ -157,8 +157,8 @@ def test_a_missing_group_is_given_up_on_after_connect_retry_for(
     *retries, last = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr, result.stderr
     assert retries and all(f"waiting for group '{group_name}'" in line for line in retries)
-    assert "retrying in" in retries[0] and "(attempt 1)" in retries[0]
-    assert f"group '{group_name}' not found on {shown(broker.url)}" in last
+    assert "retrying for up to 2 s" in retries[0] and "(attempt 1)" in retries[0]
+    assert f"{shown(broker.url)}: group '{group_name}' does not exist" in last
     assert "gave up after" in last and "connect_retry_for = 2" in last
 
 
@@ -212,15 +212,15 @@ def test_an_unreachable_broker_is_given_up_on_after_connect_retry_for(
 
 
 @pytest.mark.parametrize("program", DAEMONS)
-def test_no_retries_keeps_failing_within_the_connect_timeout(program: str, tmp_path: Path) -> None:
+def test_no_retries_fails_at_once_where_nothing_listens(program: str, tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     config = write_config(tmp_path, "connect_timeout = 1\nconnect_retry_for = 0")
     started = time.monotonic()
 
     result = run(program, "--config", str(config), "--broker-url", url, "-q", *DAEMONS[program])
 
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 4
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"cannot connect to {url} within 1s" in lines[0]
+    assert f"cannot connect to {url}: connection refused" in lines[0]

@@ -32,9 +32,9 @@ def test_good_lines(line: str, expected: tuple[str, bytes]) -> None:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        pytest.param("not json", "not valid JSON", id="not-json"),
-        pytest.param('{"key": "a"', "not valid JSON", id="truncated"),
-        pytest.param("", "not valid JSON", id="empty"),
+        pytest.param("not json at all", "not a JSON object (expected {", id="not-json"),
+        pytest.param('{"key": "a"', "not valid JSON (unexpected end of data at column", id="cut"),
+        pytest.param("", "not a JSON object", id="empty"),
         pytest.param('["key", "a"]', '"key" field', id="array"),
         pytest.param('"a"', '"key" field', id="string"),
         pytest.param("null", '"key" field', id="null"),

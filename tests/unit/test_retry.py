@@ -59,15 +59,18 @@ def run_retry(action: FailsThenWorks, seconds: float, stop: asyncio.Event | None
     return asyncio.run(main())
 
 
-def test_retry_logs_one_line_per_failed_attempt_and_returns_the_result(
+def test_retry_warns_once_then_logs_each_attempt_as_info_and_returns_the_result(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, "lbg.startup")
-    assert run_retry(FailsThenWorks(2, GroupNotFound("gone")), 10) == 3
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2
-    assert lines[0].startswith("waiting (gone); retrying in ") and lines[0].endswith("(attempt 1)")
-    assert lines[1].endswith("(attempt 2)")
+    caplog.set_level(logging.INFO, "lbg.startup")
+    assert run_retry(FailsThenWorks(3, GroupNotFound("gone")), 10) == 4
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO", "INFO"]
+    first = lines[0][1]
+    assert first.startswith("waiting (gone); retrying for up to 10 s (--connect-retry), next in ")
+    assert first.endswith("(attempt 1)")
+    assert lines[1][1].startswith("waiting (gone); retrying in ")
+    assert lines[2][1].endswith("(attempt 3)")
 
 
 def test_zero_budget_fails_at_once_with_the_reason() -> None:

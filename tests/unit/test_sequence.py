@@ -105,6 +105,14 @@ def test_unknown_published_means_unknown_loss() -> None:
     assert report.lost is None
     assert not report.ok
     assert "unknown" in report.to_text()
+    assert report.to_text().splitlines()[-1].split()[:2] == ["result", "UNKNOWN"]
+
+
+def test_unknown_published_with_a_reorder_still_fails() -> None:
+    checker = SequenceChecker()
+    for seq in (2, 1):
+        checker.observe("k", seq, "c1", 0)
+    assert checker.report(None).verdict == "FAILED"
 
 
 def test_report_outputs() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from lbg.broker.base import Broker, BrokerError
+from lbg.broker.refused import all_refused
 from lbg.group import GroupConfig
 from lbg.settings import BrokerSettings
 
@@ -30,8 +31,10 @@ async def connect_broker(
 ) -> Broker:
     """Connect to the broker named by `settings.url`: nats:// or tls:// for NATS JetStream,
     amqp:// or amqps:// for RabbitMQ, tcp:// or tcps:// for Solace PubSub+, postgresql:// or
-    postgres:// for Message DB."""
+    postgres:// for Message DB. A URL where nothing listens fails at once."""
     scheme = urlsplit(settings.url).scheme
+    if await all_refused(settings.url):
+        raise BrokerError(f"cannot connect to {settings.shown_url}: connection refused")
     if scheme in NATS_SCHEMES:
         from lbg.broker.nats.adapter import NatsBroker
 

@@ -18,6 +18,7 @@ from lbg.cli.common import (
     config_option,
     fail,
     load,
+    naming_the_broker,
     one_line_errors,
     quiet_option,
     run,
@@ -41,7 +42,8 @@ def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
 async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 2.0) -> int:
     broker: Broker = await connect_broker(settings.broker, default_id("cg-admin"), priority_timeout)
     try:
-        return await action(broker)
+        async with naming_the_broker(settings.broker.shown_url):
+            return await action(broker)
     finally:
         await broker.close()
 
@@ -67,6 +69,30 @@ def main(
     """
     setup_logging(quiet=quiet)
     ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
+
+
+def _given_here(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """A connection flag given after the subcommand wins over one given before it."""
+    if value is not None:
+        ctx.obj[param.name] = value
+
+
+CONNECTION_FLAGS = (
+    (("--config", "config_path"), click.Path(dir_okay=False)),
+    (("--broker-url", "broker_url"), None),
+    (("--admin-url", "admin_url"), None),
+)
+
+
+def _connection_flags_here_too(command: click.Command) -> None:
+    """Accept --config, --broker-url and --admin-url after the subcommand as well (as the
+    operator commands take them): `cg-admin create --broker-url X` works like
+    `cg-admin --broker-url X create`."""
+    for decls, kind in CONNECTION_FLAGS:
+        help_text = "Also accepted here: as before the subcommand."
+        command.params.append(
+            click.Option(decls, type=kind, expose_value=False, callback=_given_here, help=help_text)
+        )
 
 
 @main.command()
@@ -316,3 +342,7 @@ def revoke_publisher(ctx: click.Context, group: str, user: str) -> None:
         return 0
 
     run(lambda _stop: _with_broker(settings, action))
+
+
+for _command in main.commands.values():
+    _connection_flags_here_too(_command)

@@ -10,6 +10,7 @@ from lbg.api import Client
 from lbg.cli.common import (
     broker_option,
     config_option,
+    connect_retry_option,
     group_option,
     load,
     metrics_port_option,
@@ -27,6 +28,7 @@ from lbg.settings import ClientConfig
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @broker_option
+@connect_retry_option
 @group_option
 @click.option("--id", "client_id", help="Client identity in logs and reports [default: host-pid].")
 @click.option(
@@ -48,6 +50,7 @@ from lbg.settings import ClientConfig
 def main(
     config_path: str | None,
     broker_url: str | None,
+    connect_retry_for: float | None,
     group_name: str | None,
     client_id: str | None,
     index: int | None,
@@ -77,6 +80,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
         "group.name": group_name,
         "client.id": client_id,

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -18,7 +18,7 @@ import click
 import orjson
 import uvloop
 
-from lbg.broker.base import BrokerError
+from lbg.broker.base import BrokerError, GroupNotFound
 from lbg.group import GroupConfigError
 from lbg.handlers import HandlerLoadError
 from lbg.hashing import HashKeyError
@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+BAD_INPUT = (ConfigError, GroupConfigError, HashKeyError)
 EXPECTED_ERRORS = (
     ConfigError,
     BrokerError,
@@ -49,6 +50,13 @@ metrics_port_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics on this port (0: off) [config: metrics.port].",
+)
+connect_retry_option = click.option(
+    "--connect-retry",
+    "connect_retry_for",
+    type=click.FloatRange(min=0),
+    help="Seconds to keep retrying at start-up while the broker or the group is not there "
+    "(0: fail at once) [config: broker.connect_retry_for; default 60].",
 )
 admin_url_option = click.option(
     "--admin-url",
@@ -125,18 +133,82 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
 
 
 def load(path: str | None, schema: type[T], overrides: dict[str, Any]) -> T:
-    """Load a daemon's config, failing with one line on any problem."""
+    """Load a daemon's config, failing with one line on any problem; without --config and
+    --broker-url, a local stack running from here (`lbg local up`) provides the broker (and
+    the group, without --group); errors name the flags the user gave."""
     try:
-        return load_config(path, schema, overrides)
+        return load_config(path, schema, with_local_stack(path, overrides), flag_names(overrides))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
 
 
-@contextlib.contextmanager
-def one_line_errors() -> Iterator[None]:
-    """Turn any error escaping a command into one line on stderr (traceback only with -vv)."""
+def flag_names(overrides: dict[str, Any]) -> dict[str, str]:
+    """The flag (or argument) of the running command that gives each dotted override key:
+    `group.queue_count` -> `--queue-count`, `client.id` -> `--id`, `group.name` -> `GROUP`."""
+    params: dict[str, click.Parameter] = {}
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        for param in ctx.command.params:
+            if param.name is not None:
+                params.setdefault(param.name, param)
+        ctx = ctx.parent
+    names = {}
+    for dotted in overrides:
+        section, _, leaf = dotted.rpartition(".")
+        for candidate in (leaf, f"{section}_{leaf}", f"{leaf}_path", section):
+            param = params.get(candidate)
+            if param is not None:
+                names[dotted] = _shown_param(param)
+                break
+    return names
+
+
+def _shown_param(param: click.Parameter) -> str:
+    """How a user wrote a parameter: its long flag (`--queue-count`) or its METAVAR."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
+def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with the broker of the local stack in ./var/local when the command takes
+    --broker-url and neither it nor a config file names a broker (else unchanged); its group
+    too, where the command takes --group and none was given."""
+    from lbg.scaling import DEFAULT_FOLDER, LocalStack
+
+    if path is not None or "broker.url" not in overrides or overrides["broker.url"] is not None:
+        return overrides
+    state = LocalStack(Path(DEFAULT_FOLDER)).running()
+    if state is None:
+        return overrides
+    log = logging.getLogger("lbg")
+    log.info("using the local stack's broker %s (%s)", state.broker_url, DEFAULT_FOLDER)
+    found = {"broker.url": state.broker_url}
+    if state.admin_url and overrides.get("broker.admin_url") is None:
+        found["broker.admin_url"] = state.admin_url
+    if "group.name" in overrides and overrides["group.name"] is None:
+        found["group.name"] = state.group
+    return overrides | found
+
+
+@contextlib.asynccontextmanager
+async def naming_the_broker(url: str) -> AsyncIterator[None]:
+    """Prefix a missing group's error with the broker that was asked (`nats://...: group
+    'x' does not exist`), so a user who reached the wrong broker sees which one."""
     try:
         yield
+    except GroupNotFound as exc:
+        raise GroupNotFound(f"{url}: {exc}") from None
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turn any error escaping a command into one line on stderr (traceback only with -vv);
+    bad input (config, group definition, key) exits 2 like a bad flag, anything else 1."""
+    try:
+        yield
+    except BAD_INPUT as exc:
+        fail(str(exc), EXIT_USAGE)
     except EXPECTED_ERRORS as exc:
         fail(str(exc) or type(exc).__name__)
     except KeyboardInterrupt:

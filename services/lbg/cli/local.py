@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import click
+import uvloop
 
-from lbg.cli.common import admin_url_option, fail, run, setup_logging
+from lbg.cli.common import admin_url_option, fail, one_line_errors, run, setup_logging
 from lbg.embedded import free_port
 from lbg.local import script
+from lbg.scaling import DEFAULT_FOLDER, LocalStack
 
-DEFAULT_FOLDER = "var/local"
 LOCAL_GROUP = "local"
 BROKER_START_TIMEOUT = 20.0
+VALIDATOR_IDLE_EXIT = "2"
+JOIN_TIMEOUT = 30.0
 
 folder_option = click.option(
     "--folder",
@@ -26,9 +30,7 @@ folder_option = click.option(
 )
 
 
-def _stack(folder: str):
-    from lbg.scaling import LocalStack
-
+def _stack(folder: str) -> LocalStack:
     return LocalStack(Path(folder))
 
 
@@ -48,6 +50,11 @@ def local() -> None:
 @click.option("--keys", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--queue-count", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--hash-count", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--web-port", type=click.IntRange(0, 65535), default=0,
+              help="Serve the validator's live view on this port (0: off).")  # fmt: skip
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
+              help="Serve Prometheus metrics: the validator on this port, the publisher on the "
+              "next, client-N on this + 2 + N (0: off).")  # fmt: skip
 def up(
     folder: str,
     broker_url: str | None,
@@ -58,18 +65,23 @@ def up(
     keys: int,
     queue_count: int,
     hash_count: int,
+    web_port: int,
+    metrics_port: int,
 ) -> None:
     """Start a broker (unless --broker-url), the group (unless it exists), a validator, a
     publisher and --clients dynamic lbg-clients, all in the background; `lbg local scale N`
-    changes the client count later and `lbg local down` stops everything."""
+    changes the client count later and `lbg local down` stops everything and prints the
+    validator's verdict. A new stack starts afresh: the previous run's logs, report and
+    embedded broker data are removed."""
     from lbg.scaling import StackError, StackState
 
     setup_logging()
     stack = _stack(folder)
-    if stack.state_path.exists():
+    if stack.running() is not None:
         fail(f"a local stack already runs from {stack.folder} (lbg local down stops it)")
     stack.folder.mkdir(parents=True, exist_ok=True)
-    state = StackState(broker_url=broker_url or "", group=group_name, admin_url=admin_url)
+    stack.clear()
+    state = StackState(broker_url or "", group_name, admin_url, metrics_port=metrics_port)
     if broker_url is None:
         port = free_port()
         state.broker_url = f"nats://127.0.0.1:{port}"
@@ -88,22 +100,32 @@ def up(
     if created.returncode != 0:
         stack.down()
         fail(created.stderr.strip() or "cg-admin create failed")
+    web = ["--web-port", str(web_port)] if web_port else []
     state.others["validator"] = stack.spawn(
-        state, "validator", "validation-client", "--progress-interval", "10"
-    )
+        state, "validator", "validation-client", "--progress-interval", "10",
+        "--report-json", str(stack.report_path), "--idle-exit", VALIDATOR_IDLE_EXIT,
+        *web, *state.metrics_args(0),
+    )  # fmt: skip
     if rate > 0:
         state.others["publisher"] = stack.spawn(
             state, "publisher", "hashed-publisher", "--id", "publisher",
-            "--keys", str(keys), "--rate", str(rate),
+            "--keys", str(keys), "--rate", str(rate), *state.metrics_args(1),
         )  # fmt: skip
     stack.save(state)
     try:
-        stack.scale(clients)
+        started, _ = stack.scale(clients)
     except StackError as exc:
         fail(str(exc))
+    _wait_for_members(stack, started)
     click.echo(f"local stack up: broker {state.broker_url}, group '{group_name}', "
                f"{clients} clients; logs in {stack.folder}")  # fmt: skip
-    click.echo("scale: lbg local scale N (make scale N=4); stop: lbg local down")
+    if web_port:
+        click.echo(f"live view: http://127.0.0.1:{web_port}/")
+    if metrics_port:
+        click.echo(f"metrics: http://127.0.0.1:{metrics_port}/metrics (validator), port "
+                   f"{metrics_port + 1} (publisher), {metrics_port + 2}+N (client-N)")  # fmt: skip
+    click.echo(f"lbg status --group {group_name} (run here, it finds this stack); "
+               "scale: lbg local scale N (make scale N=4); stop: lbg local down")  # fmt: skip
 
 
 def _wait_for_port(port: int, pid: int) -> None:
@@ -122,6 +144,39 @@ def _wait_for_port(port: int, pid: int) -> None:
     fail(f"the embedded broker did not listen on {port} within {BROKER_START_TIMEOUT:g} s")
 
 
+def _wait_for_members(stack: LocalStack, names: list[str]) -> None:
+    """Return once the clients just started are heard as active members, so that the next
+    command (`lbg move ... client-3`) finds them; a note after JOIN_TIMEOUT s if not."""
+    from lbg.api import default_id
+    from lbg.broker import connect_broker
+    from lbg.membership import MemberState
+    from lbg.operator import read_status
+    from lbg.settings import BrokerSettings
+
+    if not names:
+        return
+    state = stack.load()
+
+    async def joined() -> bool:
+        settings = BrokerSettings(url=state.broker_url, admin_url=state.admin_url)
+        broker = await connect_broker(settings, default_id("lbg-local"))
+        try:
+            deadline = time.monotonic() + JOIN_TIMEOUT
+            while time.monotonic() < deadline:
+                status = await read_status(broker, state.group, 0.5)
+                active = {m.member for m in status.members if m.state == MemberState.ACTIVE.value}
+                if active.issuperset(names):
+                    return True
+            return False
+        finally:
+            await broker.close()
+
+    with one_line_errors():
+        if not uvloop.run(joined()):
+            click.echo(f"note: {', '.join(names)} not active within {JOIN_TIMEOUT:g} s "
+                       f"(see their logs in {stack.folder})", err=True)  # fmt: skip
+
+
 @local.command()
 @folder_option
 @click.argument("count", type=click.IntRange(min=0))
@@ -134,6 +189,7 @@ def scale(folder: str, count: int) -> None:
         started, stopped = _stack(folder).scale(count)
     except StackError as exc:
         fail(str(exc))
+    _wait_for_members(_stack(folder), started)
     click.echo(f"{count} clients; started {', '.join(started) or '-'}; "
                f"stopped {', '.join(stopped) or '-'}")  # fmt: skip
 
@@ -158,14 +214,23 @@ def status(folder: str) -> None:
 @local.command()
 @folder_option
 def down(folder: str) -> None:
-    """Stop the clients (clean handovers), the publisher and validator, then the broker."""
+    """Stop the publisher, let the clients drain until the validator accounted for every
+    event, stop the clients (clean handovers), the validator and the broker; print the
+    validator's report. Exits 1 if it says something was lost or reordered."""
     from lbg.scaling import StackError
 
+    stack = _stack(folder)
     try:
-        _stack(folder).down()
+        report = stack.down()
     except StackError as exc:
         fail(str(exc))
-    click.echo("local stack stopped")
+    if report is None:
+        click.echo(f"local stack stopped; the validator wrote no report (see {stack.folder})")
+        return
+    click.echo(report.to_text())
+    click.echo(f"local stack stopped; logs in {stack.folder}")
+    if report.verdict == "FAILED":
+        sys.exit(1)
 
 
 @click.command()

@@ -11,8 +11,11 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    EXIT_USAGE,
     broker_option,
     config_option,
+    connect_retry_option,
+    fail,
     group_option,
     load,
     metrics_port_option,
@@ -32,6 +35,7 @@ log = logging.getLogger("lbg.publisher")
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @broker_option
+@connect_retry_option
 @group_option
 @click.option("--id", "publisher_id", help="Publisher identity in summaries [default: host-pid].")
 @click.option(
@@ -54,6 +58,7 @@ log = logging.getLogger("lbg.publisher")
 def main(
     config_path: str | None,
     broker_url: str | None,
+    connect_retry_for: float | None,
     group_name: str | None,
     publisher_id: str | None,
     input_path: str | None,
@@ -76,6 +81,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
         "group.name": group_name,
         "publisher.id": publisher_id,
@@ -90,6 +96,8 @@ def main(
     settings = load(config_path, PublisherConfig, overrides)
     p = settings.publisher
     name = p.id or default_id("pub")
+    if p.input and p.input != "-":
+        _check_readable(p.input, "--input" if input_path else f"{config_path}: [publisher] input")
 
     async def publish(stop: asyncio.Event) -> int:
         joined = await join_group(settings.broker, settings.group.name, name, stop)
@@ -113,9 +121,15 @@ def main(
             stats = await publisher.run(events, count=p.count, duration=p.duration, stop=stop)
             if p.summary:
                 await publisher.publish_summary()
-            log.info(
-                "published %d events in %.1fs (%.0f/s)", stats.acked, stats.elapsed, stats.rate
-            )
+            done = f"published {stats.acked} events in {stats.elapsed:.1f}s ({stats.rate:.0f}/s)"
+            if stats.rejected_input:
+                log.warning(
+                    "%s; skipped %d bad input lines (each logged above): exit 1",
+                    done,
+                    stats.rejected_input,
+                )
+            else:
+                log.info("%s", done)
             if as_json:
                 sys.stdout.write(orjson.dumps(stats.to_dict()).decode() + "\n")
             return 0 if stats.rejected_input == 0 else 1
@@ -123,3 +137,13 @@ def main(
             await broker.close()
 
     run(publish)
+
+
+def _check_readable(path: str, where: str) -> None:
+    """Fail at once, before connecting, naming `where` (the flag or key), if `path` cannot be
+    read: a typo in --input should not wait for the broker."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        fail(f"{where}: cannot read {path!r} ({(exc.strerror or str(exc)).lower()})", EXIT_USAGE)

@@ -24,6 +24,7 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    naming_the_broker,
     print_verdict,
     run,
     run_folder,
@@ -258,7 +259,8 @@ def _run_with_broker(settings, action) -> None:
     async def main(_stop) -> int:
         broker = await connect_broker(settings.broker, default_id("lbg"))
         try:
-            return await action(broker)
+            async with naming_the_broker(settings.broker.shown_url):
+                return await action(broker)
         finally:
             await broker.close()
 

@@ -14,6 +14,7 @@ from lbg.api import default_id
 from lbg.cli.common import (
     broker_option,
     config_option,
+    connect_retry_option,
     group_option,
     load,
     metrics_port_option,
@@ -34,6 +35,7 @@ log = logging.getLogger("lbg.validator")
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @broker_option
+@connect_retry_option
 @group_option
 @click.option("--report-json", help="Write the final report to this file as JSON.")
 @click.option(
@@ -56,6 +58,7 @@ log = logging.getLogger("lbg.validator")
 def main(
     config_path: str | None,
     broker_url: str | None,
+    connect_retry_for: float | None,
     group_name: str | None,
     report_json: str | None,
     strict: bool | None,
@@ -75,6 +78,7 @@ def main(
     setup_logging(verbose, quiet)
     overrides = {
         "broker.url": broker_url,
+        "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
         "group.name": group_name,
         "validator.report_json": report_json,
@@ -96,7 +100,7 @@ def main(
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(broker.close)
             view = LiveView(settings.group.name)
-            validator = Validator(on_queue_change=view.queue_changed)
+            validator = Validator(on_queue_change=view.queue_changed, on_observation=view.observed)
             if v.web_port:
                 stack.push_async_callback(
                     (await serve_live_view(view, validator, v.web_port, v.web_address)).cleanup
