@@ -37,7 +37,7 @@ def load_error(tmp_path: Path, broker: str) -> str:
 
 
 def test_a_missing_tls_file_is_named_with_its_key(tmp_path: Path) -> None:
-    missing = tmp_path / "ca.pem"
+    missing = "/nonexistent-lbg/ca.pem"  # short: a long value would be cut in the message
     for key in ("tls_ca_file", "tls_cert_file"):
         message = load_error(tmp_path, f'{key} = "{missing}"')
         assert message == f'[broker] {key}: no such file "{missing}"'
