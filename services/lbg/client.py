@@ -73,12 +73,15 @@ def _header_value(text: str) -> str:
 
 @dataclass(frozen=True)
 class DynamicRole:
-    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator)."""
+    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator).
+    The member fences `lease_margin` before its lease ends, its peers evict that much after
+    (see lease.py)."""
 
     heartbeat_interval: float = 0.15
     lease: float = 0.7
     stall_timeout: float = 30.0
     leave_timeout: float = 5.0
+    lease_margin: float = 0.15
 
 
 Role = StaticRole | DynamicRole
@@ -266,6 +269,7 @@ class LbgClient:
             self._release_requested.add,
             interval=role.heartbeat_interval,
             lease=role.lease,
+            margin=role.lease_margin,
             queue_count=self._config.queue_count,
             generation=self._config.generation,
             on_newer_generation=lambda _generation: self._config_changed.set(),

@@ -95,7 +95,9 @@ def main(
     role = (
         StaticRole(c.index, c.count)
         if c.index is not None and c.count is not None
-        else DynamicRole(c.heartbeat_interval, c.lease, c.stall_timeout)
+        else DynamicRole(
+            c.heartbeat_interval, c.lease, c.stall_timeout, lease_margin=c.lease_margin
+        )
     )
     name = c.id or default_id("client")
     with one_line_errors():

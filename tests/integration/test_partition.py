@@ -1,0 +1,90 @@
+"""No two processors on one key when a member is cut off from the broker (issue 27).
+
+Three dynamic members under a slow handler (0.1 s per event) that writes every event to a
+shared store; member client-a reaches the broker through a proxy that the test freezes (the
+process lives on, its sockets stay open) and later heals. The store must show no write by
+client-a to a key after its successor wrote it, the validator nothing lost or reordered, and
+client-a must serve queues again after the heal.
+"""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.integration.test_dynamic import log_of, member, serving, times_of, wait_for
+from tests.support.partition import Partition
+from tests.support.store import DIRECT_URL_ENV, STORE_ENV, read_writes, zombie_writes
+
+from lbg.local import LocalDeployment
+from lbg.local_brokers import BrokerEndpoint
+
+CUT_AFTER = 3.0
+CUT_FOR = 4.0
+PUBLISH_SECONDS = 13.0
+
+
+@pytest.fixture
+def store(broker: BrokerEndpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shared store file; the daemons import the handler from tests.support.store."""
+    path = tmp_path / "store.jsonl"
+    monkeypatch.setenv(STORE_ENV, str(path))
+    monkeypatch.setenv(DIRECT_URL_ENV, broker.url)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    return path
+
+
+@pytest.fixture
+def partition(broker: BrokerEndpoint) -> Iterator[Partition]:
+    if broker.kind not in ("nats", "rabbitmq"):
+        pytest.skip(f"the partition test runs on NATS and RabbitMQ, not {broker.kind}")
+    proxy = Partition(broker.url)
+    yield proxy
+    proxy.close()
+
+
+def served_after(deployment: LocalDeployment, name: str, since: float) -> bool:
+    """The member's log says it took a queue after `since` (a wall-clock time)."""
+    return any(t > since for t in times_of(log_of(deployment, name), "now serves queue"))
+
+
+def test_a_partitioned_member_stops_before_its_successor_starts(
+    make_group, deployment: LocalDeployment, validate, store: Path, partition: Partition
+) -> None:
+    make_group("--queue-count", "6")
+    handler = ("--handler", "tests.support.store:handle")
+    member(deployment, "client-a", "--broker-url", partition.url, *handler)
+    member(deployment, "client-b", *handler)
+    member(deployment, "client-c", *handler)
+    publisher = deployment.start_publisher(
+        "pub", "--keys", "30", "--rate", "400", "--duration", str(PUBLISH_SECONDS)
+    )
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(CUT_AFTER)
+    cut_at = time.monotonic()
+    partition.cut()
+    time.sleep(CUT_FOR)
+    healed_at, healed_wall = time.monotonic(), time.time()
+    partition.heal()
+    assert publisher.wait(60) == 0, publisher.log_tail()
+    wait_for(
+        lambda: served_after(deployment, "client-a", healed_wall),
+        15,
+        "client-a did not rejoin after the heal",
+    )
+
+    report = validate()
+
+    writes = read_writes(store)
+    by_a = [w for w in writes if w.writer == "client-a"]
+    zombies = zombie_writes(writes, "client-a", cut_at, healed_at)
+    last_a = max((w.at for w in by_a if cut_at <= w.at < healed_at), default=cut_at)
+    print(
+        f"\nclient-a wrote {len(by_a)} events, {sum(cut_at <= w.at < healed_at for w in by_a)}"
+        f" during the cut (the last {last_a - cut_at:.2f} s after it); writes to a key its"
+        f" successor already had: {len(zombies)}"
+    )
+    assert any(w.at < cut_at for w in by_a), "client-a processed nothing before the cut"
+    assert zombies == [], f"client-a went on after its successor: {zombies[:5]}"
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
