@@ -395,6 +395,7 @@ class LbgClient:
             bucket=self._config.bucket_for_key(event.key),
             redelivered=delivery.redelivered,
             broker=self._broker,
+            epoch=delivery.owner_epoch,
         )
         for attempt in range(1, self._retries + 2):
             if not self._may_process(binding, delivery):

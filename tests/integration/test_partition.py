@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 from tests.integration.test_dynamic import log_of, member, serving, times_of, wait_for
 from tests.support.partition import Partition
-from tests.support.store import DIRECT_URL_ENV, STORE_ENV, read_writes, zombie_writes
+from tests.support.store import (
+    DIRECT_URL_ENV,
+    STORE_ENV,
+    read_writes,
+    stale_epoch_writes,
+    zombie_writes,
+)
 
 from lbg.local import LocalDeployment
 from lbg.local_brokers import BrokerEndpoint
@@ -22,6 +28,8 @@ from lbg.local_brokers import BrokerEndpoint
 CUT_AFTER = 3.0
 CUT_FOR = 4.0
 PUBLISH_SECONDS = 13.0
+# Brokers whose deliveries carry a queue's ownership epoch (the fencing token).
+BROKERS_WITH_EPOCHS = {"nats"}
 
 
 @pytest.fixture
@@ -49,7 +57,12 @@ def served_after(deployment: LocalDeployment, name: str, since: float) -> bool:
 
 
 def test_a_partitioned_member_stops_before_its_successor_starts(
-    make_group, deployment: LocalDeployment, validate, store: Path, partition: Partition
+    broker: BrokerEndpoint,
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
 ) -> None:
     make_group("--queue-count", "6")
     handler = ("--handler", "tests.support.store:handle")
@@ -88,3 +101,6 @@ def test_a_partitioned_member_stops_before_its_successor_starts(
     assert zombies == [], f"client-a went on after its successor: {zombies[:5]}"
     assert report["lost"] == 0
     assert report["reordered"] == 0
+    assert stale_epoch_writes(writes) == [], "a key was written under an older owner's epoch"
+    if broker.kind in BROKERS_WITH_EPOCHS:
+        assert all(w.epoch > 0 for w in writes), "a write carried no fencing token"

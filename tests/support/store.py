@@ -50,7 +50,7 @@ async def handle(event, context: Context) -> None:  # type: ignore[no-untyped-de
             "k": event.key,
             "s": event.seq,
             "t": asyncio.get_running_loop().time(),
-            "e": getattr(context, "epoch", 0),
+            "e": context.epoch,
         }
     )
     fd = os.open(os.environ[STORE_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -94,3 +94,15 @@ def zombie_writes(writes: list[Write], member: str, since: float, until: float) 
         elif write.key in taken:
             zombies.append(write)
     return zombies
+
+
+def stale_epoch_writes(writes: list[Write]) -> list[Write]:
+    """Writes carrying an older ownership epoch than an earlier write to the same key: the
+    ones a store that checks the fencing token (README) would have refused."""
+    newest: dict[str, int] = {}
+    stale = []
+    for write in writes:
+        if write.epoch < newest.get(write.key, 0):
+            stale.append(write)
+        newest[write.key] = max(write.epoch, newest.get(write.key, 0))
+    return stale

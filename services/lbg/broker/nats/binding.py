@@ -2,8 +2,9 @@
 
 The server delivers to one pinned pull at a time. This binding keeps a pull open at all
 times (so an idle or busy owner keeps its pin), RESETs the consumer when it becomes the
-owner (so the previous owner's unacked messages come first, in order), and fences itself
-on a 423 or when it has not pulled for most of `priority_timeout` (a stalled owner).
+owner (so the previous owner's unacked messages come first, in order), claims the queue's
+next ownership epoch (the fencing token its deliveries carry), and fences itself on a 423
+or when it has not pulled for most of `priority_timeout` (a stalled owner).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -29,6 +31,9 @@ PRIORITY_GROUP = "lbg"
 PIN_HEADER = "Nats-Pin-Id"
 FENCE_FRACTION = 0.8
 PULL_BATCH = 200
+
+# Records this client as the queue's owner under `pin`; returns the new ownership epoch.
+ClaimEpoch = Callable[[str], Awaitable[int]]
 
 
 @dataclass(eq=False)
@@ -54,8 +59,11 @@ class NatsQueueBinding(EpochBinding):
         priority_timeout: float,
         preferred: bool = True,
         on_change: StateListener | None = None,
+        claim: ClaimEpoch | None = None,
     ) -> None:
         super().__init__(queue, on_change)
+        self._claim = claim
+        self._owner_epoch = 0
         self._nc = nc
         self._stream = stream
         self._consumer = consumer
@@ -253,10 +261,13 @@ class NatsQueueBinding(EpochBinding):
             log.info("queue %d: nobody owns %d unacked deliveries: rewound", self.queue, orphans)
 
     async def _take_over(self, pin: str) -> None:
-        """Become the owner: rewind to the ack floor so the old owner's unacked work comes first."""
+        """Become the owner: rewind to the ack floor so the old owner's unacked work comes
+        first, and claim the next ownership epoch (if that fails, the pin is left to lapse)."""
         answer = await jsapi.reset(self._nc, self._stream, self._consumer)
         log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
+        epoch = await self._claim(pin) if self._claim is not None else 0
         self._lose("taking over")
+        self._owner_epoch = epoch
         self._pin = pin
         self._set_active(True, "pinned by the broker")
 
@@ -289,6 +300,7 @@ class NatsQueueBinding(EpochBinding):
                 redelivered=redelivered,
                 epoch=self._epoch,
                 token=msg.reply,
+                owner_epoch=self._owner_epoch,
             )
         )
 
