@@ -190,7 +190,8 @@ class Coordinator:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
         if not self._lapse_told:
             log.warning(
-                "member %s: %s, last heard back %.2fs ago; fencing its queues",
+                "member %s: %s (its newest heartbeat that came back was sent %.2fs ago);"
+                " fencing its queues",
                 self.member,
                 reason,
                 self._clock() - self.own_lease.confirmed,

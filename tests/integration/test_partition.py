@@ -29,7 +29,7 @@ CUT_AFTER = 3.0
 CUT_FOR = 4.0
 PUBLISH_SECONDS = 13.0
 # Brokers whose deliveries carry a queue's ownership epoch (the fencing token).
-BROKERS_WITH_EPOCHS = {"nats"}
+BROKERS_WITH_EPOCHS = {"nats", "messagedb"}
 
 
 @pytest.fixture
@@ -44,9 +44,11 @@ def store(broker: BrokerEndpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 @pytest.fixture
 def partition(broker: BrokerEndpoint) -> Iterator[Partition]:
-    if broker.kind not in ("nats", "rabbitmq"):
-        pytest.skip(f"the partition test runs on NATS and RabbitMQ, not {broker.kind}")
-    proxy = Partition(broker.url)
+    """A proxy in front of the broker; only one on this machine can be partitioned here."""
+    try:
+        proxy = Partition(broker.url)
+    except ValueError as exc:
+        pytest.skip(str(exc))
     yield proxy
     proxy.close()
 

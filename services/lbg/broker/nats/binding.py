@@ -263,13 +263,17 @@ class NatsQueueBinding(EpochBinding):
     async def _take_over(self, pin: str) -> None:
         """Become the owner: rewind to the ack floor so the old owner's unacked work comes
         first, and claim the next ownership epoch (if that fails, the pin is left to lapse)."""
-        answer = await jsapi.reset(self._nc, self._stream, self._consumer)
+        answer, epoch = await asyncio.gather(
+            jsapi.reset(self._nc, self._stream, self._consumer), self._claim_epoch(pin)
+        )
         log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
-        epoch = await self._claim(pin) if self._claim is not None else 0
         self._lose("taking over")
         self._owner_epoch = epoch
         self._pin = pin
         self._set_active(True, "pinned by the broker")
+
+    async def _claim_epoch(self, pin: str) -> int:
+        return await self._claim(pin) if self._claim is not None else 0
 
     def _on_message(self, pull: _Pull, msg: Msg) -> None:
         if pull.done.is_set():
