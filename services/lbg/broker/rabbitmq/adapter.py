@@ -12,11 +12,13 @@ import contextlib
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
 import aio_pika
 import aiormq.exceptions
+import orjson
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -54,6 +56,9 @@ DEFAULT_HEARTBEAT = 1
 MANAGEMENT_PORT = 15672
 POLL_SECONDS = 0.25
 CONTROL_TIMEOUT = 1.0
+CLAIM_TIMEOUT = 5.0
+CLAIM_HEADER = "Lbg-Claim"
+CLAIM_PREFETCH = 1000
 RECONSUME_SECONDS = 1.0
 TICK_SECONDS = 0.1
 CLIENT_TAG = "lbg-client"
@@ -323,6 +328,13 @@ class RabbitBroker(Broker):
             )
             created.append(("queue", output.name))
             await output.bind(exchange, topology.output_binding_key(name))
+            owners = await channel.declare_queue(
+                topology.owners_stream_name(name),
+                durable=True,
+                arguments=topology.output_arguments(),
+            )
+            created.append(("queue", owners.name))
+            await owners.bind(exchange, topology.owners_binding_key(name))
             stored = await channel.declare_queue(
                 topology.config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
             )
@@ -482,6 +494,7 @@ class RabbitBroker(Broker):
             for queue in range(config.queue_count):
                 await channel.queue_delete(topology.queue_name(name, queue))
             await channel.queue_delete(topology.output_queue_name(name))
+            await channel.queue_delete(topology.owners_stream_name(name))
             await channel.exchange_delete(topology.exchange_name(name))
             await channel.queue_delete(topology.config_queue_name(name))
         except AMQPError as exc:
@@ -558,6 +571,10 @@ class RabbitBroker(Broker):
     ) -> QueueBinding:
         name = topology.queue_name(group, queue)
         await self._count_consumers(name)
+
+        async def claim(tag: str) -> int:
+            return await self._claim_epoch(group, queue, client_id, tag)
+
         return RabbitQueueBinding(
             queue,
             name,
@@ -570,7 +587,45 @@ class RabbitBroker(Broker):
             stall_limit=self._heartbeat,
             preferred=preferred,
             on_change=on_change,
+            claim=claim,
         )
+
+    async def _claim_epoch(self, group: str, queue: int, client_id: str, tag: str) -> int:
+        """Record this client as the queue's new owner in the owners stream and read the
+        claim back from it: its offset + 1 is the epoch, higher than every earlier claim's.
+        A group made before the owners stream existed has no epochs: 0."""
+        channel = await self._open_channel()
+        nonce = uuid.uuid4().hex
+        found: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            # Never acked: the channel closes right after (an ack racing that close is a
+            # connection error); the few claims a reader sees fit in its prefetch.
+            if (message.headers or {}).get(CLAIM_HEADER) == nonce and not found.done():
+                offset = int(message.headers["x-stream-offset"])  # type: ignore[arg-type]
+                found.set_result(offset + 1)  # offsets start at 0, epochs at 1
+
+        try:
+            await channel.set_qos(prefetch_count=CLAIM_PREFETCH)
+            stream = await channel.get_queue(topology.owners_stream_name(group), ensure=False)
+            await stream.consume(on_message, arguments={"x-stream-offset": "next"})
+            record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
+            exchange = await self._exchange("publish", topology.exchange_name(group))
+            await exchange.publish(
+                aio_pika.Message(
+                    record,
+                    headers={CLAIM_HEADER: nonce},
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                topology.owners_routing_key(group, queue),
+            )
+            return await asyncio.wait_for(found, CLAIM_TIMEOUT)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            log.warning("group '%s' has no owners stream (made before epochs): epoch 0", group)
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:
