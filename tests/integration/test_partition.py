@@ -4,7 +4,8 @@ Three dynamic members under a slow handler (0.1 s per event) that writes every e
 shared store; member client-a reaches the broker through a proxy that the test freezes (the
 process lives on, its sockets stay open) and later heals. The store must show no write by
 client-a to a key after its successor wrote it, the validator nothing lost or reordered, and
-client-a must serve queues again after the heal.
+client-a must serve queues again after the heal. The same with static clients on NATS, where
+the broker's priority timeout, not a peer, moves the cut-off client's queues.
 """
 
 import time
@@ -28,8 +29,11 @@ from lbg.local_brokers import BrokerEndpoint
 CUT_AFTER = 3.0
 CUT_FOR = 4.0
 PUBLISH_SECONDS = 13.0
+HANDLER = ("--handler", "tests.support.store:handle")
+# Static mode: secondaries go back this often, so client-a gets its primaries back after the heal.
+STATIC_CYCLE_SECONDS = 2.0
 # Brokers whose deliveries carry a queue's ownership epoch (the fencing token).
-BROKERS_WITH_EPOCHS = {"nats", "messagedb"}
+BROKERS_WITH_EPOCHS = {"nats", "rabbitmq", "messagedb"}
 
 
 @pytest.fixture
@@ -67,10 +71,42 @@ def test_a_partitioned_member_stops_before_its_successor_starts(
     partition: Partition,
 ) -> None:
     make_group("--queue-count", "6")
-    handler = ("--handler", "tests.support.store:handle")
-    member(deployment, "client-a", "--broker-url", partition.url, *handler)
-    member(deployment, "client-b", *handler)
-    member(deployment, "client-c", *handler)
+    for name in ("client-a", "client-b", "client-c"):
+        url = ("--broker-url", partition.url) if name == "client-a" else ()
+        member(deployment, name, *url, *HANDLER)
+    cut_off_and_healed(broker, deployment, validate, store, partition)
+
+
+def test_a_partitioned_static_client_stops_before_the_broker_moves_its_queues(
+    broker: BrokerEndpoint,
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
+) -> None:
+    """Static mode on NATS: no lease, no eviction; the broker unpins the cut-off client's
+    queues after the priority timeout, and the client must have stopped by then."""
+    if broker.kind != "nats":
+        pytest.skip("on the other brokers a static client's queue moves as a dynamic one's")
+    make_group("--queue-count", "6")
+    for index, name in enumerate(("client-a", "client-b", "client-c")):
+        url = ("--broker-url", partition.url) if name == "client-a" else ()
+        deployment.start_client(name, index, 3, STATIC_CYCLE_SECONDS, *url, *HANDLER)
+    # Its primaries come back only on the others' release cycles, each handover draining a
+    # saturated backlog first: seconds each.
+    cut_off_and_healed(broker, deployment, validate, store, partition, rejoin_within=40)
+
+
+def cut_off_and_healed(
+    broker: BrokerEndpoint,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
+    rejoin_within: float = 15,
+) -> None:
+    """Load the group, cut client-a off, heal it; then check the store and the validator."""
     publisher = deployment.start_publisher(
         "pub", "--keys", "30", "--rate", "400", "--duration", str(PUBLISH_SECONDS)
     )
@@ -84,7 +120,7 @@ def test_a_partitioned_member_stops_before_its_successor_starts(
     assert publisher.wait(60) == 0, publisher.log_tail()
     wait_for(
         lambda: served_after(deployment, "client-a", healed_wall),
-        15,
+        rejoin_within,
         "client-a did not rejoin after the heal",
     )
 

@@ -4,7 +4,9 @@ The server delivers to one pinned pull at a time. This binding keeps a pull open
 times (so an idle or busy owner keeps its pin), RESETs the consumer when it becomes the
 owner (so the previous owner's unacked messages come first, in order), claims the queue's
 next ownership epoch (the fencing token its deliveries carry), and fences itself on a 423
-or when it has not pulled for most of `priority_timeout` (a stalled owner).
+or when the server has not answered a pull sent within most of `priority_timeout` (a stalled
+or cut-off owner: a pull only buffered by the client proves nothing, as the server unpins
+`priority_timeout` after the last pull it received).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class _Pull:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     remaining: int = 0
     takeover_pin: str | None = None
+    sent: float = 0.0
 
 
 class NatsQueueBinding(EpochBinding):
@@ -124,7 +127,7 @@ class NatsQueueBinding(EpochBinding):
         if delivery.epoch != self._epoch or not self._active:
             return False
         if self._stalled():
-            self._lose("no pull sent for too long (stalled)")
+            self._lose("no pull answered for too long (stalled or cut off)")
             return False
         return True
 
@@ -220,7 +223,7 @@ class NatsQueueBinding(EpochBinding):
         return await self.pinned_by() is not None
 
     async def _pull_once(self) -> None:
-        pull = _Pull(remaining=PULL_BATCH)
+        pull = _Pull(remaining=PULL_BATCH, sent=time.monotonic())
         self._pull = pull
 
         async def on_message(msg: Msg) -> None:
@@ -238,7 +241,6 @@ class NatsQueueBinding(EpochBinding):
                 orjson.dumps(request),
                 reply=pull.subscription.subject,
             )
-            self._last_pull = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pull.done.wait(), self._expires * 1.5)
         finally:
@@ -276,6 +278,7 @@ class NatsQueueBinding(EpochBinding):
         return await self._claim(pin) if self._claim is not None else 0
 
     def _on_message(self, pull: _Pull, msg: Msg) -> None:
+        self._last_pull = max(self._last_pull, pull.sent)  # the server heard this pull
         if pull.done.is_set():
             return
         headers = msg.headers or {}
