@@ -145,6 +145,12 @@ class LbgClient:
         if self._coordinator is not None:
             members = len(self._coordinator.view.members()) + 1
             yield gauge("lbg_group_members", "Members in this client's view.", g, members)
+            yield gauge(
+                "lbg_client_heartbeat_echo_seconds",
+                "How long this member's newest heartbeat took to come back through the broker.",
+                g,
+                self._coordinator.own_lease.echo_delay,
+            )
 
     def _preferred(self, queue: int) -> bool:
         return isinstance(self._role, StaticRole) and self._role.is_primary(queue)

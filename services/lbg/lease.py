@@ -34,12 +34,9 @@ class LeaseTerms:
             raise ValueError(f"margin {self.margin:g} must be >= 0 and < lease/2 ({self.lease:g})")
 
     def fence_at(self, confirmed: float) -> float:
-        """When a member whose last confirmed heartbeat was sent at `confirmed` stops."""
+        """When a member whose last confirmed heartbeat was sent at `confirmed` stops (peers
+        evict it `lease + margin` after they last heard it: MembershipView)."""
         return confirmed + self.lease - self.margin
-
-    def evict_at(self, heard: float) -> float:
-        """When peers that last heard a member at `heard` may take its queues."""
-        return heard + self.lease + self.margin
 
 
 class OwnLease:
@@ -56,7 +53,7 @@ class OwnLease:
         self._sent: dict[int, float] = {}
         self._next = 0
         self.confirmed: float = clock()
-        self.echo_delay = 0.0
+        self.echo_delay = 0.0  # of the newest echo: what the margin must stay well above
         self._lapsed = False
 
     def sent(self) -> int:
