@@ -107,6 +107,7 @@ class Coordinator:
         """Announce this member (claiming and wanting nothing yet); the others answer at once
         with their heartbeats, so a short wait suffices to learn the view before rebalancing."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
+        self.own_lease.start()
         await self._beat()
         await asyncio.sleep(min(2 * self.interval, JOIN_LISTEN_SECONDS))
         await self.tick()

@@ -42,9 +42,11 @@ class LeaseTerms:
 class OwnLease:
     """This member's lease: renewed by the echoes of its own heartbeats, by beat number.
 
-    A new member starts with the lease a heartbeat echoed at once would give: no peer has
-    heard of it, so none evicts it before its unclaimed pins wait out a lease and its margin
-    (coordinator.py); this spares the queues it was given at start a needless fence.
+    A new member starts with the lease a heartbeat echoed at once would give, from when the
+    broker took its subscription to heartbeats (`start`): no peer has heard of it, so none
+    evicts it before its unclaimed pins wait out a lease and its margin (coordinator.py);
+    this spares the queues it was given at start a needless fence while a loaded broker
+    sets the subscription up.
     """
 
     def __init__(self, terms: LeaseTerms, clock: Callable[[], float] = time.monotonic) -> None:
@@ -55,6 +57,13 @@ class OwnLease:
         self.confirmed: float = clock()
         self.echo_delay = 0.0  # of the newest echo: what the margin must stay well above
         self._lapsed = False
+        self._echoes = 0
+
+    def start(self) -> None:
+        """The member is subscribed and about to send its first heartbeat: the provisional
+        lease runs from now, unless an echo already confirmed one."""
+        if self._echoes == 0 and not self._lapsed:
+            self.confirmed = self._clock()
 
     def sent(self) -> int:
         """Note a heartbeat about to be sent (its send time is now); returns its number."""
@@ -70,6 +79,7 @@ class OwnLease:
         if sent_at is None:
             return False
         lapsed = not self.holds()
+        self._echoes += 1
         if sent_at > self.confirmed:
             self.confirmed = sent_at
             self.echo_delay = self._clock() - sent_at

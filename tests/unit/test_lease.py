@@ -34,6 +34,19 @@ def test_a_lease_rests_on_echoes_not_on_sends() -> None:
     assert not lease.holds()
 
 
+def test_the_provisional_lease_runs_from_the_start_of_heartbeats_until_the_first_echo() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    clock.now = 0.5  # the broker took a while to set the subscription up
+    lease.start()
+    clock.now = 0.9
+    assert lease.holds()
+    lease.echoed(lease.sent())
+    clock.now = 2.0
+    lease.start()  # no second start once an echo confirmed the lease
+    assert not lease.holds()
+
+
 def test_a_late_echo_after_a_lapse_tells_the_caller_to_fence() -> None:
     clock = Clock()
     lease = OwnLease(TERMS, clock)

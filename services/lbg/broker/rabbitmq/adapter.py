@@ -12,7 +12,6 @@ import contextlib
 import logging
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
@@ -42,6 +41,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
+from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.management import ManagementApi, NotFound, path_segment
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
 from lbg.group import GroupConfig, GroupConfigError
@@ -56,9 +56,6 @@ DEFAULT_HEARTBEAT = 1
 MANAGEMENT_PORT = 15672
 POLL_SECONDS = 0.25
 CONTROL_TIMEOUT = 1.0
-CLAIM_TIMEOUT = 5.0
-CLAIM_HEADER = "Lbg-Claim"
-CLAIM_PREFETCH = 1000
 RECONSUME_SECONDS = 1.0
 TICK_SECONDS = 0.1
 CLIENT_TAG = "lbg-client"
@@ -99,6 +96,7 @@ class RabbitBroker(Broker):
         self._last_tick = time.monotonic()
         self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
         self._closing = False
+        self._claims = OwnerClaims(self._open_channel, self._publish_claim)
 
     @classmethod
     async def connect(cls, settings: BrokerSettings, name: str) -> RabbitBroker:
@@ -113,6 +111,7 @@ class RabbitBroker(Broker):
     async def close(self) -> None:
         self._closing = True
         await cancel_and_wait(self._ticker)
+        await self._claims.close()
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
@@ -571,9 +570,11 @@ class RabbitBroker(Broker):
     ) -> QueueBinding:
         name = topology.queue_name(group, queue)
         await self._count_consumers(name)
+        await self._claims.prepare(group)
 
         async def claim(tag: str) -> int:
-            return await self._claim_epoch(group, queue, client_id, tag)
+            record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
+            return await self._claims.claim(group, queue, record)
 
         return RabbitQueueBinding(
             queue,
@@ -590,42 +591,14 @@ class RabbitBroker(Broker):
             claim=claim,
         )
 
-    async def _claim_epoch(self, group: str, queue: int, client_id: str, tag: str) -> int:
-        """Record this client as the queue's new owner in the owners stream and read the
-        claim back from it: its offset + 1 is the epoch, higher than every earlier claim's.
-        A group made before the owners stream existed has no epochs: 0."""
-        channel = await self._open_channel()
-        nonce = uuid.uuid4().hex
-        found: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            # Never acked: the channel closes right after (an ack racing that close is a
-            # connection error); the few claims a reader sees fit in its prefetch.
-            if (message.headers or {}).get(CLAIM_HEADER) == nonce and not found.done():
-                offset = int(message.headers["x-stream-offset"])  # type: ignore[arg-type]
-                found.set_result(offset + 1)  # offsets start at 0, epochs at 1
-
-        try:
-            await channel.set_qos(prefetch_count=CLAIM_PREFETCH)
-            stream = await channel.get_queue(topology.owners_stream_name(group), ensure=False)
-            await stream.consume(on_message, arguments={"x-stream-offset": "next"})
-            record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
-            exchange = await self._exchange("publish", topology.exchange_name(group))
-            await exchange.publish(
-                aio_pika.Message(
-                    record,
-                    headers={CLAIM_HEADER: nonce},
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                topology.owners_routing_key(group, queue),
-            )
-            return await asyncio.wait_for(found, CLAIM_TIMEOUT)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            log.warning("group '%s' has no owners stream (made before epochs): epoch 0", group)
-            return 0
-        finally:
-            with contextlib.suppress(Exception):
-                await channel.close()
+    async def _publish_claim(
+        self, exchange_name: str, key: str, body: bytes, headers: dict[str, str]
+    ) -> None:
+        exchange = await self._exchange("publish", exchange_name)
+        message = aio_pika.Message(
+            body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+        )
+        await asyncio.wait_for(exchange.publish(message, key), PUBLISH_TIMEOUT)
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:
