@@ -155,6 +155,7 @@ BESIDE_THE_TIMED_TESTS = {
     "test_admin.py",
     "test_diagnostics.py",
     "test_embedded.py",
+    "test_fencing_token.py",
     "test_hash_cli.py",
     "test_messagedb_hash.py",
     "test_publisher_identity.py",

@@ -158,7 +158,9 @@ class Client:
         o = self._options
         if o.index is not None and o.count is not None:
             return StaticRole(o.index, o.count)
-        return DynamicRole(o.heartbeat_interval, o.lease, o.stall_timeout)
+        return DynamicRole(
+            o.heartbeat_interval, o.lease, o.stall_timeout, lease_margin=o.lease_margin
+        )
 
     async def run(self, stop: asyncio.Event | None = None) -> ClientStats:
         """Join the group and work until `stop()` (or `stop` is set), then hand over cleanly."""

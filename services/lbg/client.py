@@ -77,12 +77,15 @@ class ClientStats:
 
 @dataclass(frozen=True)
 class DynamicRole:
-    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator)."""
+    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator).
+    The member fences `lease_margin` before its lease ends, its peers evict that much after
+    (see lease.py)."""
 
     heartbeat_interval: float = 0.15
     lease: float = 0.7
     stall_timeout: float = 30.0
     leave_timeout: float = 5.0
+    lease_margin: float = 0.15
 
 
 Role = StaticRole | DynamicRole
@@ -153,6 +156,12 @@ class LbgClient:
         if self._coordinator is not None:
             members = len(self._coordinator.view.members()) + 1
             yield gauge("lbg_group_members", "Members in this client's view.", g, members)
+            yield gauge(
+                "lbg_client_heartbeat_echo_seconds",
+                "How long this member's newest heartbeat took to come back through the broker.",
+                g,
+                self._coordinator.own_lease.echo_delay,
+            )
 
     def _preferred(self, queue: int) -> bool:
         return isinstance(self._role, StaticRole) and self._role.is_primary(queue)
@@ -277,6 +286,7 @@ class LbgClient:
             self._release_requested.add,
             interval=role.heartbeat_interval,
             lease=role.lease,
+            margin=role.lease_margin,
             queue_count=self._config.queue_count,
             generation=self._config.generation,
             on_newer_generation=lambda _generation: self._config_changed.set(),
@@ -431,6 +441,7 @@ class LbgClient:
             bucket=bucket,
             redelivered=delivery.redelivered,
             broker=self._broker,
+            epoch=delivery.owner_epoch,
         )
         for attempt in range(1, self._retries + 2):
             if not self._may_process(binding, delivery):

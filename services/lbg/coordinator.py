@@ -4,8 +4,10 @@ Each member heartbeats (its state, the queues it serves with their pins, the que
 ready for), keeps a view of the others, and computes the same balanced, sticky assignment.
 It then only steers: it prefers the queues assigned to it, releases a queue once its new
 owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
-for the broker's timeout, and fences itself when its own heartbeats stopped (it was stalled).
-The broker's exclusivity keeps correctness whatever the views say.
+for the broker's timeout, and fences itself when the broker has not relayed its own
+heartbeats back for most of the lease (it was stalled or cut off): lease.py says why it
+thereby stops before any peer may evict it. The broker's exclusivity keeps one consumer per
+queue whatever the views say.
 
 An operator's planned move (`lbg move`) pins a queue to a member on top of that assignment,
 for as long as the member is alive and active; see operator.py.
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from lbg.broker.base import Broker, BrokerError, QueueBinding
+from lbg.lease import LeaseTerms, OwnLease
 from lbg.membership import Heartbeat, MembershipView, MemberState
 from lbg.messages import MalformedMessage
 from lbg.operator import (
@@ -59,6 +62,7 @@ class Coordinator:
         lease: float = 0.7,
         clock: Callable[[], float] = time.monotonic,
         *,
+        margin: float = 0.15,
         queue_count: int | None = None,
         generation: int = 0,
         on_newer_generation: Callable[[int], None] | None = None,
@@ -73,12 +77,13 @@ class Coordinator:
         self._on_newer_generation = on_newer_generation
         self.interval = interval
         self._clock = clock
-        self.view = MembershipView(lease, clock)
+        self.view = MembershipView(lease, clock, margin)
+        self.own_lease = OwnLease(LeaseTerms(lease, margin), clock)
+        self._lapse_told = False
         self.state = MemberState.ACTIVE
         self.desired: dict[int, str] = {}
         self._gone_pins: dict[str, float] = {}
         self._unknown: dict[int, tuple[str, float]] = {}
-        self._last_beat = clock()
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
         self._last_gossip = -float("inf")
@@ -89,14 +94,20 @@ class Coordinator:
     def lease(self) -> float:
         return self.view.lease
 
+    @property
+    def _evict_unclaimed(self) -> float:
+        return self.view.lease + self.view.margin
+
     def lease_ok(self) -> bool:
-        """True while this member's own heartbeats are current: it may process and ack."""
-        return self._clock() - self._last_beat < self.lease
+        """True while the broker relayed this member's heartbeats back recently enough: it
+        may process and ack (a heartbeat that only sits in a send buffer counts for nothing)."""
+        return self.own_lease.holds()
 
     async def join(self) -> None:
         """Announce this member (claiming and wanting nothing yet); the others answer at once
         with their heartbeats, so a short wait suffices to learn the view before rebalancing."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
+        self.own_lease.start()
         await self._beat()
         await asyncio.sleep(min(2 * self.interval, JOIN_LISTEN_SECONDS))
         await self.tick()
@@ -152,18 +163,18 @@ class Coordinator:
         log.warning("member %s is %s", self.member, state.value)
 
     async def tick(self) -> None:
-        """One round: self-check, expire lapsed members, rebalance, evict, heartbeat."""
+        """One round: self-check, expire lapsed members, rebalance, evict, heartbeat.
+
+        Expiry and eviction wait while this member's own view is stale (its heartbeats have
+        not come back lately): silence it has not heard through is no proof of anyone's death.
+        """
         if not self.lease_ok():
-            log.warning(
-                "member %s: own heartbeats lapsed for %.1fs (stalled?); fencing its queues",
-                self.member,
-                self._clock() - self._last_beat,
-            )
-            self._fence_all("own heartbeats lapsed (this member was stalled)")
-            # The others count this member as gone: so do the overrides that pin queues to it.
-            self._drop_overrides(self.member, "own heartbeats lapsed")
+            self._lapse("own heartbeats lapsed (this member was stalled or cut off)")
+        else:
+            self._lapse_told = False
         now = self._clock()
-        for heartbeat in self.view.expire():
+        current = self.own_lease.view_current()
+        for heartbeat in self.view.expire() if current else []:
             log.info("member %s is gone (lease lapsed)", heartbeat.member)
             self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
             self._drop_overrides(heartbeat.member, "gone")
@@ -171,9 +182,25 @@ class Coordinator:
             log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
         self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
         self.rebalance()
-        await self._evict_gone_owners()
+        if current:
+            await self._evict_gone_owners()
         await self._beat()
         await self._gossip()
+
+    def _lapse(self, reason: str) -> None:
+        """This member's lease lapsed: fence every queue it holds (telling it once)."""
+        if not self._lapse_told:
+            log.warning(
+                "member %s: %s (its newest heartbeat that came back was sent %.2fs ago);"
+                " fencing its queues",
+                self.member,
+                reason,
+                self._clock() - self.own_lease.confirmed,
+            )
+            self._lapse_told = True
+        self._fence_all(reason)
+        # The others count this member as gone: so do the overrides that pin queues to it.
+        self._drop_overrides(self.member, reason)
 
     def _fence_all(self, reason: str) -> None:
         for binding in self._bindings.values():
@@ -191,6 +218,8 @@ class Coordinator:
             log.warning("ignored a control message: %s", exc)
             return
         if heartbeat.member == self.member:
+            if self.own_lease.echoed(heartbeat.beat):
+                self._lapse("own lease lapsed before this heartbeat came back")
             return
         self._hear_generation(heartbeat.generation)
         before = self.view.heartbeat_of(heartbeat.member)
@@ -286,8 +315,9 @@ class Coordinator:
         """Take over queues assigned here whose broker owner is gone, stalled or unknown.
 
         A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
-        pin nobody claims only once it stayed unclaimed for two heartbeat intervals (its owner
-        may have just taken the queue and not yet said so in a heartbeat).
+        pin nobody claims only once it stayed unclaimed for a lease and its margin (its owner
+        may have just taken the queue and been cut off before saying so: its own lease
+        rests on a heartbeat sent no later than it saw the pin, so it has stopped by then).
         """
         live = self.view.pins()
         stalled = {
@@ -305,7 +335,7 @@ class Coordinator:
                 continue
             seen_pin, since = self._unknown.get(queue, (pin, now))
             since = since if seen_pin == pin else now
-            if pin in self._gone_pins or pin in stalled or now - since >= 2 * self.interval:
+            if pin in self._gone_pins or pin in stalled or now - since >= self._evict_unclaimed:
                 await binding.evict(pin)
             else:
                 unknown[queue] = (pin, since)
@@ -314,6 +344,6 @@ class Coordinator:
     async def _beat(self) -> None:
         owns = {q: b.pin for q, b in self._bindings.items() if b.active and b.pin}
         wants = frozenset(q for q, b in self._bindings.items() if b.waiting)
-        heartbeat = Heartbeat(self.member, self.state, owns, wants, self.generation)
+        beat = self.own_lease.sent()
+        heartbeat = Heartbeat(self.member, self.state, owns, wants, self.generation, beat)
         await self._broker.publish_control(self._group, heartbeat.encode())
-        self._last_beat = self._clock()

@@ -36,6 +36,9 @@ class Context:
     bucket: int
     redelivered: bool
     broker: Broker
+    # The queue's ownership epoch (fencing token): higher for every new owner of the queue,
+    # so a store can refuse a write from an older one (README: "Fencing tokens").
+    epoch: int = 0
 
 
 Handler = Callable[[Event, Context], Any]

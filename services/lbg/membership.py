@@ -2,7 +2,8 @@
 
 Every member publishes a heartbeat every `interval` on the group's control destination and
 keeps a view of the others from theirs. A member is gone when its lease lapses (no heartbeat
-for `lease` seconds); one that says it is leaving or stalled gets no more queues at once.
+for `lease + margin` seconds: see lease.py for why the margin); one that says it is leaving
+or stalled gets no more queues at once.
 The view is pure logic with an injected clock; the transport is the broker's.
 """
 
@@ -29,14 +30,16 @@ class MemberState(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """One member's word: its state, the queues it serves (with the broker's pin for each),
-    the queues it is ready to take (a standby pull is waiting) and the generation of the
-    group's config it runs (a resizable group's size changes with it)."""
+    the queues it is ready to take (a standby pull is waiting), the generation of the
+    group's config it runs (a resizable group's size changes with it) and its number, by
+    which the member knows its own heartbeat when the broker relays it back."""
 
     member: str
     state: MemberState
     owns: Mapping[int, str] = field(default_factory=dict)
     wants: frozenset[int] = frozenset()
     generation: int = 0
+    beat: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -46,6 +49,7 @@ class Heartbeat:
                 "o": {str(q): pin for q, pin in self.owns.items()},
                 "w": sorted(self.wants),
                 "g": self.generation,
+                "n": self.beat,
             }
         )
 
@@ -60,6 +64,7 @@ class Heartbeat:
                 owns={int(q): str(pin) for q, pin in obj.get("o", {}).items()},
                 wants=frozenset(int(q) for q in obj.get("w", [])),
                 generation=parse_generation(obj.get("g", 0)),
+                beat=int(obj.get("n", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
@@ -81,8 +86,11 @@ class _Seen:
 class MembershipView:
     """The members whose lease is current, as seen from one member."""
 
-    def __init__(self, lease: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, lease: float, clock: Callable[[], float] = time.monotonic, margin: float = 0.0
+    ) -> None:
         self.lease = lease
+        self.margin = margin
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
 
@@ -92,9 +100,9 @@ class MembershipView:
         self._seen[heartbeat.member] = _Seen(heartbeat, self._clock())
 
     def expire(self) -> list[Heartbeat]:
-        """Drop members whose lease lapsed; returns their last heartbeats."""
+        """Drop members whose lease lapsed, margin included; returns their last heartbeats."""
         now = self._clock()
-        gone = [m for m, seen in self._seen.items() if now - seen.at > self.lease]
+        gone = [m for m, seen in self._seen.items() if now - seen.at > self.lease + self.margin]
         return [self._seen.pop(member).heartbeat for member in gone]
 
     def members(self) -> list[str]:

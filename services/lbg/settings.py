@@ -243,14 +243,27 @@ class ClientSettings:
     window: int = _bounded(256, ge=1)
     heartbeat_interval: float = _bounded(0.15, gt=0)
     lease: float = _bounded(0.7, gt=0)
+    lease_margin: float = _bounded(0.15, gt=0)
     stall_timeout: float = _bounded(30.0, gt=0)
 
     def validate(self) -> None:
-        """Static mode needs index and count together, with index < count; handler is mod:func."""
+        """Static mode needs index and count together, with index < count; handler is mod:func.
+        The lease leaves a live member two heartbeats before it fences, and the margin lets a
+        member's own heartbeat come back within 2 x margin (lease.py)."""
         if self.lease < 3 * self.heartbeat_interval:
             raise ValueError(
                 f"lease: must be >= 3 x heartbeat_interval ({3 * self.heartbeat_interval:g}),"
                 f" got {self.lease:g}"
+            )
+        if not self.heartbeat_interval < 2 * self.lease_margin:
+            raise ValueError(
+                f"lease_margin: must be > heartbeat_interval / 2 ({self.heartbeat_interval / 2:g}),"
+                f" got {self.lease_margin:g}"
+            )
+        if self.lease - self.lease_margin < 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"lease_margin: lease - lease_margin must be >= 2 x heartbeat_interval"
+                f" ({2 * self.heartbeat_interval:g}), got {self.lease - self.lease_margin:g}"
             )
         if (self.index is None) != (self.count is None):
             given, missing = ("index", "count") if self.count is None else ("count", "index")

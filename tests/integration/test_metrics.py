@@ -69,6 +69,7 @@ def test_client_publisher_and_validator_metrics_count_the_same_events(
     assert client["lbg_handler_seconds_count"] == EVENTS
     assert client["lbg_client_queues_active"] == 4
     assert client["lbg_client_dead_lettered_total"] == 0
+    assert 0 < client["lbg_client_heartbeat_echo_seconds"] < 1, "no heartbeat came back"
     assert validator["lbg_validator_reordered"] == 0
     assert validator["lbg_validator_duplicates"] == 0
     assert validator["lbg_validator_lost"] == -1, "no summary was sent: loss is unknown"

@@ -16,12 +16,20 @@ class Clock:
 
 
 class FakeBroker:
-    """Control messages go nowhere; that is all the coordinator needs here."""
+    """Relays control messages back to the subscriber at once (while `relaying`), as a broker
+    relays a member's own heartbeats."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[bytes], None] | None = None
+        self.relaying = True
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        return None
+        if self.handler is not None and self.relaying:
+            self.handler(body)
 
     async def subscribe_control(self, group: str, handler: Callable[[bytes], None]):
+        self.handler = handler
+
         async def unsubscribe() -> None:
             return None
 
@@ -73,7 +81,7 @@ class FakeBinding(QueueBinding):
         return None
 
 
-def test_a_pin_nobody_claims_is_evicted_only_after_two_heartbeat_intervals() -> None:
+def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> None:
     clock = Clock()
     binding = FakeBinding(0, holder="pin-of-a-member-not-heard-yet")
     coordinator = Coordinator(
@@ -81,15 +89,39 @@ def test_a_pin_nobody_claims_is_evicted_only_after_two_heartbeat_intervals() -> 
     )
 
     async def rounds() -> None:
-        await coordinator.tick()
+        await coordinator.join()
         clock.now += 0.01  # a second round right away (e.g. woken by a newcomer)
         await coordinator.tick()
-        assert binding.evicted == [], "evicted a pin whose owner may not have said so yet"
-        clock.now += 0.3
+        for _ in range(5):  # 0.75 s: its owner may have been cut off right after the pin
+            clock.now += 0.15
+            await coordinator.tick()
+            assert binding.evicted == [], "evicted a pin whose owner may still hold its lease"
+        clock.now += 0.15
         await coordinator.tick()
 
     asyncio.run(rounds())
     assert binding.evicted == ["pin-of-a-member-not-heard-yet"]
+
+
+def test_a_member_that_hears_nothing_back_evicts_nobody_and_fences_itself() -> None:
+    clock = Clock()
+    broker = FakeBroker()
+    binding = FakeBinding(0, holder="pin-of-a-member-not-heard-yet")
+    coordinator = Coordinator(
+        broker, "g", "me", {0: binding}, lambda q: None, interval=0.15, clock=clock
+    )
+
+    async def rounds() -> None:
+        await coordinator.join()
+        assert coordinator.lease_ok()
+        broker.relaying = False  # cut off: heartbeats go into a buffer, none comes back
+        for _ in range(10):
+            clock.now += 0.15
+            await coordinator.tick()
+
+    asyncio.run(rounds())
+    assert binding.evicted == [], "evicted on a view it could not have kept current"
+    assert not coordinator.lease_ok()
 
 
 def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
@@ -100,11 +132,11 @@ def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
     )
 
     async def rounds() -> None:
-        await coordinator.tick()
-        clock.now += 0.2
+        await coordinator.join()
+        clock.now += 0.5
         binding.holder = "second"
         await coordinator.tick()
-        clock.now += 0.2
+        clock.now += 0.5
         await coordinator.tick()
 
     asyncio.run(rounds())

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -244,11 +245,23 @@ class FakeBinding:
 
 
 class FakeBroker:
+    """Keeps what was sent; relays heartbeats back to `deliver`, as a broker does."""
+
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.deliver: Callable[[bytes], None] | None = None
 
     async def publish_control(self, group: str, body: bytes) -> None:
         self.sent.append(body)
+        if self.deliver is not None and decode_control(body) is None:
+            self.deliver(body)
+
+
+def beat_for(coord: Coordinator, clock: Clock, seconds: float) -> None:
+    """Let `seconds` pass with this member heartbeating (and hearing itself) as it would."""
+    for _ in range(round(seconds / coord.interval)):
+        clock.now += coord.interval
+        asyncio.run(coord.tick())
 
 
 def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
@@ -266,6 +279,7 @@ def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
         clock=clock,
         **kwargs,
     )
+    broker.deliver = coord._receive
     return coord, broker, bindings, released
 
 
@@ -353,8 +367,7 @@ def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
     coord._receive(encode_move(Override(1, "y", 1.0)))
     coord._receive(beat("x", MemberState.LEAVING).encode())
     assert [o.to for o in coord.overrides.all()] == ["y"]
-    clock.now += 1.0  # y's lease lapses
-    asyncio.run(coord.tick())
+    beat_for(coord, clock, 1.0)  # y's lease lapses
     assert coord.overrides.all() == []
     assert set(coord.desired.values()) == {"me"}
     coord._receive(encode_gossip("z", [Override(1, "y", 1.0)]))
@@ -366,7 +379,7 @@ def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
     coord, broker, _bindings, _released = coordinator(clock)
     coord._receive(beat("x").encode())
     coord._receive(encode_move(Override(0, "x", 1.0)))
-    clock.now += 1.0  # x's lease lapses: dropped here
+    beat_for(coord, clock, 1.0)  # x's lease lapses: dropped here
     coord._receive(beat("late").encode())
     asyncio.run(coord.tick())
     broker.sent.clear()

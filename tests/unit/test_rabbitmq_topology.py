@@ -98,7 +98,7 @@ def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, ot
     permissions = {k: re.compile(v) for k, v in topology.client_permissions([mine]).items()}
     own = [topology.queue_name(mine, 0), topology.queue_name(mine, 11)]
     own += [topology.output_queue_name(mine), topology.exchange_name(mine)]
-    own.append(topology.config_queue_name(mine))
+    own += [topology.config_queue_name(mine), topology.owners_stream_name(mine)]
     assert all(permissions["read"].match(name) for name in own)
     assert permissions["write"].match(topology.exchange_name(mine))
     assert permissions["configure"].match("amq.gen-abc123")
@@ -106,6 +106,7 @@ def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, ot
     assert not permissions["write"].match(topology.queue_name(mine, 0))
     if other != mine:
         theirs = [topology.queue_name(other, 0), topology.exchange_name(other)]
+        theirs.append(topology.owners_stream_name(other))
         assert not any(permissions[p].match(name) for p in permissions for name in theirs)
 
 
@@ -153,3 +154,14 @@ def test_publisher_permissions_list_every_group() -> None:
     write = re.compile(topology.publisher_permissions(["b", "a"])["write"])
     assert write.pattern == r"^(?:lbg\.a|lbg\.b)$"
     assert write.search("lbg.a") and write.search("lbg.b") and not write.search("lbg.c")
+
+
+@given(group_names, st.integers(min_value=0, max_value=999))
+def test_a_client_may_send_owner_claims_and_they_reach_only_the_owners_stream(
+    group: str, queue: int
+) -> None:
+    key = topology.owners_routing_key(group, queue)
+    assert re.compile(topology.client_topic_permissions(group)["write"]).search(key)
+    assert matches_binding(topology.owners_binding_key(group), key)
+    assert not matches_binding(topology.output_binding_key(group), key)
+    assert key != topology.control_routing_key(group)

@@ -60,7 +60,9 @@ class QueueStatus:
 
 @dataclass(slots=True)
 class Delivery:
-    """One message handed to a consumer, tied to the ownership epoch it was delivered in."""
+    """One message handed to a consumer, tied to the ownership epoch it was delivered in:
+    `epoch` counts this binding's stints (local), `owner_epoch` is the queue's fencing token
+    (stored in the broker, higher for every new owner; 0 where the broker keeps none)."""
 
     body: bytes
     subject: str
@@ -68,6 +70,7 @@ class Delivery:
     redelivered: bool
     epoch: int
     token: object = field(repr=False, default=None)
+    owner_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

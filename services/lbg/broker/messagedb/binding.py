@@ -9,7 +9,10 @@ The holder reads `get_category_messages(category, position + 1, ..., member, siz
 group's own category, or the existing one it was created over) in global position order, hands
 the messages out tagged with its ownership epoch, and records the highest position below which
 everything was acked in the member's position stream (batched: a reader that crashes replays
-what it had not recorded yet, duplicates the validator counts).
+what it had not recorded yet, duplicates the validator counts). On taking the lock it writes a
+`Claimed` message there (carrying the recorded position, so the stream still reads as
+positions): its global position is the fencing token of the new ownership, higher than every
+earlier owner's of this queue, across generations too.
 
 Across resizes (generations.py) queue q walks its stints: member q of each generation that
 has one, plus, in the current size S, the members r >= S of older generations with r mod S = q
@@ -98,6 +101,7 @@ class MessageDbBinding(EpochBinding):
         self._holding = False
         self._pid: int | None = None
         self._next = 1
+        self._owner_epoch = 0
         self._positions = Positions()
         self._last_flush = 0.0
         self._free_seen = 0
@@ -260,6 +264,24 @@ class MessageDbBinding(EpochBinding):
             self._positions.wrote(position)
         self._last_flush = time.monotonic()
 
+    async def _claim(self, conn: asyncpg.Connection) -> int:
+        """Mark the new ownership in the member's position stream; its global position is
+        the ownership epoch (see the module docstring)."""
+        assert self._stint is not None
+        generation, member = self._stint
+        stream = generations.position_stream(self._hash_prefix, member, generation.index)
+        await conn.execute(
+            "SELECT message_store.write_message($1, $2, 'Claimed', $3::jsonb)",
+            str(uuid.uuid4()),
+            stream,
+            orjson.dumps({"position": self._positions.recorded}).decode(),
+        )
+        return int(
+            await conn.fetchval(
+                "SELECT global_position FROM message_store.get_last_stream_message($1)", stream
+            )
+        )
+
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -370,6 +392,7 @@ class MessageDbBinding(EpochBinding):
         self._positions.start(
             await generations.recorded(conn, self._hash_prefix, member, generation)
         )
+        self._owner_epoch = await self._claim(conn)
         self._next = self._positions.done + 1
         self._last_flush = time.monotonic()
         where = f"member {member} of {generation.size}, from position {self._next}"
@@ -411,6 +434,7 @@ class MessageDbBinding(EpochBinding):
                     redelivered=False,
                     epoch=epoch,
                     token=position,
+                    owner_epoch=self._owner_epoch,
                 )
             )
         if taken == BATCH:

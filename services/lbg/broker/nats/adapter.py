@@ -33,6 +33,7 @@ from nats.js.api import (
 from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
+    KeyWrongLastSequenceError,
     NoKeysError,
     NoStreamResponseError,
     NotFoundError,
@@ -66,6 +67,7 @@ OWNERS_BUCKET = "lbg_owners"
 # retried after this long, and the stream's de-duplication (Nats-Msg-Id) drops the copy.
 PUBLISH_TIMEOUT = 3.0
 SUBJECT_CACHE_SIZE = 65536
+CLAIM_ATTEMPTS = 5
 ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
@@ -109,6 +111,20 @@ def consumer_name(queue: int) -> str:
 def bucket_filters(config: GroupConfig, queue: int) -> list[str]:
     """The queue's subscriptions: `<HP>.<b>.>` for each of its buckets."""
     return [f"{config.hash_prefix}.{b}.>" for b in config.buckets_for_queue(queue)]
+
+
+async def claim_epoch(owners: KeyValue, key: str, record: bytes) -> int:
+    """Write a queue's new owner record with compare-and-set; its revision is the queue's new
+    ownership epoch, higher than every earlier owner's (a concurrent claim makes one retry)."""
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            last = (await owners.get(key)).revision
+        except KeyNotFoundError as exc:  # a deleted record still has a revision to follow
+            deleted = getattr(exc, "entry", None)
+            last = deleted.revision if deleted is not None else 0
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            return await owners.update(key, record, last=last)
+    raise BrokerError(f"owner record '{key}': changed under {CLAIM_ATTEMPTS} claims in a row")
 
 
 class _ConnectionLog:
@@ -204,7 +220,6 @@ class NatsBroker(Broker):
         self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
-        self._background: set[asyncio.Task] = set()
 
     @classmethod
     async def connect(
@@ -428,16 +443,11 @@ class NatsBroker(Broker):
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
 
-        def changed(q: int, active: bool) -> None:
-            if active:
-                record = orjson.dumps({"client": client_id, "pin": binding.pin})
-                task = asyncio.create_task(owners.put(f"{group}.{q}", record))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            if on_change is not None:
-                on_change(q, active)
+        async def claim(pin: str) -> int:
+            record = orjson.dumps({"client": client_id, "pin": pin})
+            return await claim_epoch(owners, f"{group}.{queue}", record)
 
-        binding = NatsQueueBinding(
+        return NatsQueueBinding(
             self._nc,
             events_stream(group),
             consumer_name(queue),
@@ -445,9 +455,9 @@ class NatsBroker(Broker):
             pinned=config.exclusive,
             priority_timeout=priority_timeout,
             preferred=preferred,
-            on_change=changed,
+            on_change=on_change,
+            claim=claim,
         )
-        return binding
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

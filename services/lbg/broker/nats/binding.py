@@ -2,8 +2,11 @@
 
 The server delivers to one pinned pull at a time. This binding keeps a pull open at all
 times (so an idle or busy owner keeps its pin), RESETs the consumer when it becomes the
-owner (so the previous owner's unacked messages come first, in order), and fences itself
-on a 423 or when it has not pulled for most of `priority_timeout` (a stalled owner).
+owner (so the previous owner's unacked messages come first, in order), claims the queue's
+next ownership epoch (the fencing token its deliveries carry), and fences itself on a 423
+or when the server has not answered a pull sent within most of `priority_timeout` (a stalled
+or cut-off owner: a pull only buffered by the client proves nothing, as the server unpins
+`priority_timeout` after the last pull it received).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -30,6 +34,9 @@ PIN_HEADER = "Nats-Pin-Id"
 FENCE_FRACTION = 0.8
 PULL_BATCH = 200
 
+# Records this client as the queue's owner under `pin`; returns the new ownership epoch.
+ClaimEpoch = Callable[[str], Awaitable[int]]
+
 
 @dataclass(eq=False)
 class _Pull:
@@ -39,6 +46,7 @@ class _Pull:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     remaining: int = 0
     takeover_pin: str | None = None
+    sent: float = 0.0
 
 
 class NatsQueueBinding(EpochBinding):
@@ -54,8 +62,11 @@ class NatsQueueBinding(EpochBinding):
         priority_timeout: float,
         preferred: bool = True,
         on_change: StateListener | None = None,
+        claim: ClaimEpoch | None = None,
     ) -> None:
         super().__init__(queue, on_change)
+        self._claim = claim
+        self._owner_epoch = 0
         self._nc = nc
         self._stream = stream
         self._consumer = consumer
@@ -116,7 +127,7 @@ class NatsQueueBinding(EpochBinding):
         if delivery.epoch != self._epoch or not self._active:
             return False
         if self._stalled():
-            self._lose("no pull sent for too long (stalled)")
+            self._lose("no pull answered for too long (stalled or cut off)")
             return False
         return True
 
@@ -212,7 +223,7 @@ class NatsQueueBinding(EpochBinding):
         return await self.pinned_by() is not None
 
     async def _pull_once(self) -> None:
-        pull = _Pull(remaining=PULL_BATCH)
+        pull = _Pull(remaining=PULL_BATCH, sent=time.monotonic())
         self._pull = pull
 
         async def on_message(msg: Msg) -> None:
@@ -230,7 +241,6 @@ class NatsQueueBinding(EpochBinding):
                 orjson.dumps(request),
                 reply=pull.subscription.subject,
             )
-            self._last_pull = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pull.done.wait(), self._expires * 1.5)
         finally:
@@ -253,14 +263,22 @@ class NatsQueueBinding(EpochBinding):
             log.info("queue %d: nobody owns %d unacked deliveries: rewound", self.queue, orphans)
 
     async def _take_over(self, pin: str) -> None:
-        """Become the owner: rewind to the ack floor so the old owner's unacked work comes first."""
-        answer = await jsapi.reset(self._nc, self._stream, self._consumer)
+        """Become the owner: rewind to the ack floor so the old owner's unacked work comes
+        first, and claim the next ownership epoch (if that fails, the pin is left to lapse)."""
+        answer, epoch = await asyncio.gather(
+            jsapi.reset(self._nc, self._stream, self._consumer), self._claim_epoch(pin)
+        )
         log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
         self._lose("taking over")
+        self._owner_epoch = epoch
         self._pin = pin
         self._set_active(True, "pinned by the broker")
 
+    async def _claim_epoch(self, pin: str) -> int:
+        return await self._claim(pin) if self._claim is not None else 0
+
     def _on_message(self, pull: _Pull, msg: Msg) -> None:
+        self._last_pull = max(self._last_pull, pull.sent)  # the server heard this pull
         if pull.done.is_set():
             return
         headers = msg.headers or {}
@@ -289,6 +307,7 @@ class NatsQueueBinding(EpochBinding):
                 redelivered=redelivered,
                 epoch=self._epoch,
                 token=msg.reply,
+                owner_epoch=self._owner_epoch,
             )
         )
 

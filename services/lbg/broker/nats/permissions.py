@@ -62,6 +62,7 @@ def client_permissions(group: str) -> dict[str, Any]:
         *(f"$JS.API.CONSUMER.{verb}.{stream}.*" for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET")),
         f"$JS.ACK.{stream}.>",
         f"$JS.API.STREAM.INFO.KV_{OWNERS_BUCKET}",
+        f"$JS.API.DIRECT.GET.KV_{OWNERS_BUCKET}.$KV.{OWNERS_BUCKET}.{group}.*",
         f"$KV.{OWNERS_BUCKET}.{group}.*",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.VALIDATION.value}",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.DEAD.value}",

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 
 import aio_pika
 import aiormq.exceptions
+import orjson
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -40,6 +41,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
+from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.management import ManagementApi, NotFound, path_segment
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
 from lbg.group import GroupConfig, GroupConfigError
@@ -94,6 +96,7 @@ class RabbitBroker(Broker):
         self._last_tick = time.monotonic()
         self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
         self._closing = False
+        self._claims = OwnerClaims(self._open_channel, self._publish_claim)
 
     @classmethod
     async def connect(cls, settings: BrokerSettings, name: str) -> RabbitBroker:
@@ -108,6 +111,7 @@ class RabbitBroker(Broker):
     async def close(self) -> None:
         self._closing = True
         await cancel_and_wait(self._ticker)
+        await self._claims.close()
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
@@ -323,6 +327,13 @@ class RabbitBroker(Broker):
             )
             created.append(("queue", output.name))
             await output.bind(exchange, topology.output_binding_key(name))
+            owners = await channel.declare_queue(
+                topology.owners_stream_name(name),
+                durable=True,
+                arguments=topology.output_arguments(),
+            )
+            created.append(("queue", owners.name))
+            await owners.bind(exchange, topology.owners_binding_key(name))
             stored = await channel.declare_queue(
                 topology.config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
             )
@@ -482,6 +493,7 @@ class RabbitBroker(Broker):
             for queue in range(config.queue_count):
                 await channel.queue_delete(topology.queue_name(name, queue))
             await channel.queue_delete(topology.output_queue_name(name))
+            await channel.queue_delete(topology.owners_stream_name(name))
             await channel.exchange_delete(topology.exchange_name(name))
             await channel.queue_delete(topology.config_queue_name(name))
         except AMQPError as exc:
@@ -559,6 +571,12 @@ class RabbitBroker(Broker):
     ) -> QueueBinding:
         name = topology.queue_name(group, queue)
         await self._count_consumers(name)
+        await self._claims.prepare(group)
+
+        async def claim(tag: str) -> int:
+            record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
+            return await self._claims.claim(group, queue, record)
+
         return RabbitQueueBinding(
             queue,
             name,
@@ -571,7 +589,17 @@ class RabbitBroker(Broker):
             stall_limit=self._heartbeat,
             preferred=preferred,
             on_change=on_change,
+            claim=claim,
         )
+
+    async def _publish_claim(
+        self, exchange_name: str, key: str, body: bytes, headers: dict[str, str]
+    ) -> None:
+        exchange = await self._exchange("publish", exchange_name)
+        message = aio_pika.Message(
+            body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+        )
+        await asyncio.wait_for(exchange.publish(message, key), PUBLISH_TIMEOUT)
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

@@ -9,6 +9,10 @@ consumer in line. So release, fence and stand-back all close the channel.
 Steering: a preferred binding registers at once; the others register only while the queue
 has no consumer at all, and step out of the line again while someone else is there, so a
 released queue goes to its preferred client.
+
+On the first delivery of a stint the binding claims the queue's next ownership epoch (the
+fencing token); the stint's deliveries are held back until the claim is in, and a claim that
+fails gives the queue up, so no delivery goes out without its stint's epoch.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
@@ -31,6 +35,8 @@ PREFETCH = 200
 
 OpenChannel = Callable[[], Awaitable[AbstractChannel]]
 CountConsumers = Callable[[str], Awaitable[int]]
+# Records this consumer (its tag) as the queue's new owner; returns the ownership epoch.
+ClaimEpoch = Callable[[str], Awaitable[int]]
 
 
 @dataclass(eq=False)
@@ -40,6 +46,9 @@ class _Stint:
     channel: AbstractChannel
     tag: str
     since: float
+    owner_epoch: int | None = None
+    held: list[Delivery] = field(default_factory=list)
+    claiming: asyncio.Task[None] | None = None
 
 
 class RabbitQueueBinding(EpochBinding):
@@ -58,8 +67,10 @@ class RabbitQueueBinding(EpochBinding):
         stall_limit: float,
         preferred: bool = True,
         on_change: StateListener | None = None,
+        claim: ClaimEpoch | None = None,
     ) -> None:
         super().__init__(queue, on_change)
+        self._claim = claim
         self._name = queue_name
         self._tag_prefix = tag_prefix
         self._open_channel = open_channel
@@ -231,19 +242,39 @@ class RabbitQueueBinding(EpochBinding):
                 return
             if not self._active:
                 self._set_active(True, "receiving: first in the queue's line")
+                stint.claiming = asyncio.create_task(self._claim_for(stint, epoch))
             headers = {k: header_text(v) for k, v in (message.headers or {}).items()}
-            self._buffer.put_nowait(
-                Delivery(
-                    body=message.body,
-                    subject=message.routing_key or "",
-                    headers=headers,
-                    redelivered=bool(message.redelivered),
-                    epoch=self._epoch,
-                    token=message,
-                )
+            delivery = Delivery(
+                body=message.body,
+                subject=message.routing_key or "",
+                headers=headers,
+                redelivered=bool(message.redelivered),
+                epoch=self._epoch,
+                token=message,
             )
+            if stint.owner_epoch is None:
+                stint.held.append(delivery)
+            else:
+                delivery.owner_epoch = stint.owner_epoch
+                self._buffer.put_nowait(delivery)
 
         await queue.consume(on_message, consumer_tag=stint.tag)
+
+    async def _claim_for(self, stint: _Stint, epoch: int) -> None:
+        """Claim the stint's ownership epoch, then release what it held back, tagged."""
+        try:
+            owner_epoch = await self._claim(stint.tag) if self._claim is not None else 0
+        except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
+            if self._stint is stint and self._epoch == epoch:
+                self._lose(f"cannot claim the ownership epoch: {exc or type(exc).__name__}")
+            return
+        if self._stint is not stint or self._epoch != epoch:
+            return
+        stint.owner_epoch = owner_epoch
+        for delivery in stint.held:
+            delivery.owner_epoch = owner_epoch
+            self._buffer.put_nowait(delivery)
+        stint.held.clear()
 
 
 def header_text(value: object) -> str:

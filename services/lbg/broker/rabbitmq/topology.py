@@ -4,7 +4,9 @@ Per group `<g>`: the topic exchange `lbg.<g>`; QC quorum queues `lbg.<g>.q<N>` w
 active consumer, queue q bound to `<HP>.<b>.#` for each of its buckets b; the stream
 `lbg.<g>.out` bound to `_lbg.<g>.#` (validation records, dead letters, summaries: a stream
 so the validator can read it from the start); heartbeats on `_lbgctl.<g>.members` to
-per-subscriber exclusive queues; the config as the one message of the stream `lbg.<g>.config`.
+per-subscriber exclusive queues; the config as the one message of the stream `lbg.<g>.config`;
+the stream `lbg.<g>.owners` bound to `_lbgctl.<g>.owners.#`, where each new owner of a queue
+records its claim: the claim's stream offset is the queue's ownership epoch.
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ def config_queue_name(group: str) -> str:
 
 def control_routing_key(group: str) -> str:
     return f"{CONTROL_PREFIX}.{group}.members"
+
+
+def owners_stream_name(group: str) -> str:
+    """The stream of owner claims; a claim's offset is its queue's new ownership epoch."""
+    return f"lbg.{group}.owners"
+
+
+def owners_routing_key(group: str, queue: int) -> str:
+    return f"{CONTROL_PREFIX}.{group}.owners.{queue}"
+
+
+def owners_binding_key(group: str) -> str:
+    return f"{CONTROL_PREFIX}.{group}.owners.#"
 
 
 def output_binding_key(group: str) -> str:
@@ -96,7 +111,7 @@ def client_permissions(groups: list[str]) -> dict[str, str]:
     return {
         "configure": f"^{private}$",
         "write": f"^(?:{mine}|{private})$",
-        "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config)?|{private})$",
+        "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config|\.owners)?|{private})$",
     }
 
 

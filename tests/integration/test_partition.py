@@ -1,0 +1,144 @@
+"""No two processors on one key when a member is cut off from the broker (issue 27).
+
+Three dynamic members under a slow handler (0.1 s per event) that writes every event to a
+shared store; member client-a reaches the broker through a proxy that the test freezes (the
+process lives on, its sockets stay open) and later heals. The store must show no write by
+client-a to a key after its successor wrote it, the validator nothing lost or reordered, and
+client-a must serve queues again after the heal. The same with static clients on NATS, where
+the broker's priority timeout, not a peer, moves the cut-off client's queues.
+"""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.integration.test_dynamic import log_of, member, serving, times_of, wait_for
+from tests.support.partition import Partition
+from tests.support.store import (
+    DIRECT_URL_ENV,
+    STORE_ENV,
+    read_writes,
+    stale_epoch_writes,
+    zombie_writes,
+)
+
+from lbg.local import LocalDeployment
+from lbg.local_brokers import BrokerEndpoint
+
+CUT_AFTER = 3.0
+CUT_FOR = 4.0
+PUBLISH_SECONDS = 13.0
+HANDLER = ("--handler", "tests.support.store:handle")
+# Static mode: secondaries go back this often, so client-a gets its primaries back after the heal.
+STATIC_CYCLE_SECONDS = 2.0
+# Brokers whose deliveries carry a queue's ownership epoch (the fencing token).
+BROKERS_WITH_EPOCHS = {"nats", "rabbitmq", "messagedb"}
+
+
+@pytest.fixture
+def store(broker: BrokerEndpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shared store file; the daemons import the handler from tests.support.store."""
+    path = tmp_path / "store.jsonl"
+    monkeypatch.setenv(STORE_ENV, str(path))
+    monkeypatch.setenv(DIRECT_URL_ENV, broker.url)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    return path
+
+
+@pytest.fixture
+def partition(broker: BrokerEndpoint) -> Iterator[Partition]:
+    """A proxy in front of the broker; only one on this machine can be partitioned here."""
+    try:
+        proxy = Partition(broker.url)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    yield proxy
+    proxy.close()
+
+
+def served_after(deployment: LocalDeployment, name: str, since: float) -> bool:
+    """The member's log says it took a queue after `since` (a wall-clock time)."""
+    return any(t > since for t in times_of(log_of(deployment, name), "now serves queue"))
+
+
+def test_a_partitioned_member_stops_before_its_successor_starts(
+    broker: BrokerEndpoint,
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
+) -> None:
+    make_group("--queue-count", "6")
+    for name in ("client-a", "client-b", "client-c"):
+        url = ("--broker-url", partition.url) if name == "client-a" else ()
+        member(deployment, name, *url, *HANDLER)
+    cut_off_and_healed(broker, deployment, validate, store, partition)
+
+
+def test_a_partitioned_static_client_stops_before_the_broker_moves_its_queues(
+    broker: BrokerEndpoint,
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
+) -> None:
+    """Static mode on NATS: no lease, no eviction; the broker unpins the cut-off client's
+    queues after the priority timeout, and the client must have stopped by then."""
+    if broker.kind != "nats":
+        pytest.skip("on the other brokers a static client's queue moves as a dynamic one's")
+    make_group("--queue-count", "6")
+    for index, name in enumerate(("client-a", "client-b", "client-c")):
+        url = ("--broker-url", partition.url) if name == "client-a" else ()
+        deployment.start_client(name, index, 3, STATIC_CYCLE_SECONDS, *url, *HANDLER)
+    # Its primaries come back only on the others' release cycles, each handover draining a
+    # saturated backlog first: seconds each.
+    cut_off_and_healed(broker, deployment, validate, store, partition, rejoin_within=40)
+
+
+def cut_off_and_healed(
+    broker: BrokerEndpoint,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Partition,
+    rejoin_within: float = 15,
+) -> None:
+    """Load the group, cut client-a off, heal it; then check the store and the validator."""
+    publisher = deployment.start_publisher(
+        "pub", "--keys", "30", "--rate", "400", "--duration", str(PUBLISH_SECONDS)
+    )
+    wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
+    time.sleep(CUT_AFTER)
+    cut_at = time.monotonic()
+    partition.cut()
+    time.sleep(CUT_FOR)
+    healed_at, healed_wall = time.monotonic(), time.time()
+    partition.heal()
+    assert publisher.wait(60) == 0, publisher.log_tail()
+    wait_for(
+        lambda: served_after(deployment, "client-a", healed_wall),
+        rejoin_within,
+        "client-a did not rejoin after the heal",
+    )
+
+    report = validate()
+
+    writes = read_writes(store)
+    by_a = [w for w in writes if w.writer == "client-a"]
+    zombies = zombie_writes(writes, "client-a", cut_at, healed_at)
+    last_a = max((w.at for w in by_a if cut_at <= w.at < healed_at), default=cut_at)
+    print(
+        f"\nclient-a wrote {len(by_a)} events, {sum(cut_at <= w.at < healed_at for w in by_a)}"
+        f" during the cut (the last {last_a - cut_at:.2f} s after it); writes to a key its"
+        f" successor already had: {len(zombies)}"
+    )
+    assert any(w.at < cut_at for w in by_a), "client-a processed nothing before the cut"
+    assert zombies == [], f"client-a went on after its successor: {zombies[:5]}"
+    assert report["lost"] == 0
+    assert report["reordered"] == 0
+    assert stale_epoch_writes(writes) == [], "a key was written under an older owner's epoch"
+    if broker.kind in BROKERS_WITH_EPOCHS:
+        assert all(w.epoch > 0 for w in writes), "a write carried no fencing token"

@@ -1,0 +1,126 @@
+"""The confirmed lease: a member stops before any peer may evict it, whatever the network does."""
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from lbg.lease import LeaseTerms, OwnLease
+from lbg.membership import Heartbeat, MembershipView, MemberState
+
+TERMS = LeaseTerms(lease=0.7, margin=0.15)
+INTERVAL = 0.15
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_rests_on_echoes_not_on_sends() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    assert lease.holds(), "a new member starts as if its first heartbeat came back"
+    clock.now = 0.3
+    beat = lease.sent()
+    clock.now = 0.31
+    assert lease.echoed(beat) is False
+    clock.now = 0.8
+    lease.sent()  # sent but never relayed back
+    assert lease.holds()
+    clock.now = TERMS.fence_at(0.3)
+    assert not lease.holds()
+
+
+def test_the_provisional_lease_runs_from_the_start_of_heartbeats_until_the_first_echo() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    clock.now = 0.5  # the broker took a while to set the subscription up
+    lease.start()
+    clock.now = 0.9
+    assert lease.holds()
+    lease.echoed(lease.sent())
+    clock.now = 2.0
+    lease.start()  # no second start once an echo confirmed the lease
+    assert not lease.holds()
+
+
+def test_a_late_echo_after_a_lapse_tells_the_caller_to_fence() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    lease.echoed(lease.sent())
+    clock.now = 0.5
+    held_up = lease.sent()  # this one sits in a buffer through a partition
+    clock.now = 0.9
+    assert lease.echoed(held_up) is True, "the lease had lapsed at 0.55 s"
+    assert lease.holds()
+
+
+def test_an_unknown_or_repeated_echo_changes_nothing() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    beat = lease.sent()
+    assert lease.echoed(beat + 7) is False
+    assert lease.confirmed == 0.0
+    lease.echoed(beat)
+    assert lease.echoed(beat) is False
+
+
+def test_terms_refuse_a_margin_that_eats_the_lease() -> None:
+    with pytest.raises(ValueError):
+        LeaseTerms(lease=0.2, margin=0.15)
+
+
+delays = st.one_of(st.floats(0.0, 0.05), st.floats(0.05, 2.0), st.just(float("inf")))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    relay=st.lists(delays, min_size=5, max_size=60),
+    back=st.lists(st.floats(0.0, 0.1), min_size=60, max_size=60),
+    peer_lag=st.lists(st.floats(0.0, 2 * TERMS.margin * 0.99), min_size=60, max_size=60),
+)
+# Beat 1 is lost, beat 2 is relayed late and reaches the peer later still: the member's
+# lease rests on beat 2 while the peer last heard beat 0.
+@example(
+    relay=[0.0, float("inf"), 0.3, float("inf"), float("inf")],
+    back=[0.0] * 60,
+    peer_lag=[0.0, 0.0, 0.29] + [0.0] * 57,
+)
+def test_a_member_stops_before_a_peer_may_evict_it(
+    relay: list[float], back: list[float], peer_lag: list[float]
+) -> None:
+    """Beat i is sent at i x interval, relayed by the broker after relay[i] (inf: never),
+    echoed to its sender back[i] later and heard by a peer peer_lag[i] after the relay (a
+    peer's lag stays under 2 x margin, which its own echoes check). At no moment may the
+    member still hold its first, unbroken lease while the peer counts it as gone."""
+    events: list[tuple[float, int, str, int]] = []  # (when, then by: send, echo/hear, check)
+    for i, delay in enumerate(relay):
+        events.append((i * INTERVAL, 0, "send", i))
+        if delay != float("inf"):
+            relayed = i * INTERVAL + delay
+            events.append((relayed + back[i], 1, "echo", i))
+            events.append((relayed + peer_lag[i], 1, "hear", i))
+    end = len(relay) * INTERVAL + 3.0
+    events += [(t / 100, 2, "check", -1) for t in range(int(end * 100))]
+    events.sort()
+
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    view = MembershipView(TERMS.lease, clock, TERMS.margin)
+    beats: dict[int, int] = {}
+    unbroken, evicted = True, False
+    for at, _, what, i in events:
+        clock.now = at
+        if what == "send":
+            beats[i] = lease.sent()
+        elif what == "echo" and lease.echoed(beats[i]):
+            unbroken = False
+        elif what == "hear":
+            view.observe(Heartbeat("a", MemberState.ACTIVE, beat=beats[i]))
+        if not lease.holds():
+            unbroken = False
+        evicted = evicted or bool(view.expire())
+        assert not (evicted and unbroken and lease.holds()), f"two owners at {at:.2f}"
