@@ -14,6 +14,7 @@ import typing
 from collections.abc import Mapping
 from datetime import date, time
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 try:
     import tomllib
@@ -160,6 +161,21 @@ class BrokerSettings:
         if self.password_file is not None:
             return _read_secret("password_file", self.password_file)
         return os.environ.get(PASSWORD_ENV) or None
+
+    def login(self) -> tuple[str | None, str | None]:
+        """User and password: the `user` key with secret(), else the URL's user with the URL's
+        password, or with secret() when the URL names the user only (so the password can stay
+        out of the command line, in a file or the environment)."""
+        if self.user:
+            return self.user, self.secret()
+        try:
+            userinfo = urlsplit(self.url.split(",")[0])
+            user, password = userinfo.username, userinfo.password
+        except ValueError:
+            return None, None
+        if not user:
+            return None, None
+        return unquote(user), unquote(password) if password is not None else self.secret()
 
     def admin_secret(self) -> str | None:
         """The management password: `admin_password`, its file, else $LBG_ADMIN_PASSWORD."""

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbg.settings import (
+    PASSWORD_ENV,
     AdminConfig,
     BrokerSettings,
     ClientConfig,
@@ -391,3 +392,22 @@ def test_generated_documents_are_valid_toml() -> None:
         config = load_config(write(Path(directory), toml_document(document)), ClientConfig)
     assert config.client.id == 'a"\\\x7f\x00é'
     assert config.client.retry_backoff == 1e-05
+
+
+@pytest.mark.parametrize(
+    ("url", "user", "expected"),
+    [
+        ("amqp://pub@host", None, ("pub", "from-env")),
+        ("amqp://pub:in-url@host", None, ("pub", "in-url")),
+        ("amqp://host", "pub", ("pub", "from-env")),
+        ("amqp://other:in-url@host", "pub", ("pub", "from-env")),
+        ("nats://host:4222,nats://pub:x@h2", None, (None, None)),
+        ("amqp://host", None, (None, None)),
+    ],
+)
+def test_a_user_named_anywhere_takes_the_password_from_the_environment(
+    url: str, user: str | None, expected: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So no password need be on the command line, where `ps` shows it."""
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    assert BrokerSettings(url=url, user=user).login() == expected

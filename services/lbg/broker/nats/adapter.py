@@ -62,6 +62,8 @@ ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
+INBOX_ROOT = "_INBOX"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
@@ -91,6 +93,13 @@ def message_id(target: str, headers: Mapping[str, str], body: bytes) -> str:
 def control_subject(group: str) -> str:
     """Core NATS subject of the group's membership heartbeats (kept out of every stream)."""
     return f"{CONTROL_PREFIX}.{group}.members"
+
+
+def inbox_prefix(user: str | None) -> str:
+    """Where `user`'s replies (API answers, publish acks, pulled messages) arrive:
+    `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
+    Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
+    return f"{INBOX_ROOT}.{user}" if user and _TOKEN.fullmatch(user) else INBOX_ROOT
 
 
 def consumer_name(queue: int) -> str:
@@ -143,15 +152,19 @@ async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionL
     Once connected, the client reconnects by itself for as long as it runs. TLS (tls://, or
     any tls_* key) verifies the server against `tls_ca_file`, else the system's CAs.
     """
+    user, password = settings.login()
+    if password is None:
+        user = None  # nats-py reads a URL's lone user as a token
     try:
         nc = await asyncio.wait_for(
             nats.connect(
                 servers=settings.url.split(","),
                 name=name,
-                user=settings.user,
-                password=settings.secret() if settings.user else None,
+                user=user,
+                password=password,
                 token=settings.token,
                 tls=client_context(settings) if wants_tls(settings) else None,
+                inbox_prefix=inbox_prefix(user),
                 connect_timeout=min(2.0, settings.connect_timeout),
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
