@@ -418,3 +418,39 @@ def test_no_user_can_read_another_users_replies(secure_nats: SecureNats) -> None
     assert seen == {"publisher": [], "client": []}
     for role in ("publisher", "client"):
         assert 'permissions violation for subscription to "_inbox.>"' in refusals[role].lower()
+
+
+def test_an_oversized_event_is_refused_as_bad_input_and_counted(
+    secure_nats: SecureNats, tmp_path: Path
+) -> None:
+    """A 2 MB line (over the server's 1 MB max_payload) is one warning and one rejected input,
+    and the run exits 1; the events around it are still published."""
+    events = tmp_path / "events.jsonl"
+    lines = [{"key": "a", "data": 1}, {"key": "huge", "body": "x" * 2_000_000}, {"key": "b"}]
+    events.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    result = subprocess.run(
+        [
+            script("hashed-publisher"),
+            "--config",
+            str(secure_nats.config_file("publisher")),
+            "--broker-url",
+            secure_nats.url,
+            "--group",
+            secure_nats.group,
+            "--input",
+            str(events),
+            "--no-summary",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    stats = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (stats["acked"], stats["rejected_input"]) == (2, 1)
+    refused = [line for line in result.stderr.splitlines() if "'huge'" in line]
+    assert len(refused) == 1, result.stderr
+    assert "exceeds the server's max_payload of 1048576 bytes" in refused[0]
+    assert "Traceback" not in result.stderr and "never retrieved" not in result.stderr

@@ -351,7 +351,8 @@ class MessageDbBroker(Broker):
             )
         except TimeoutError:
             raise PublishError(f"no confirm for '{destination}' in time") from None
-        except asyncpg.DataError as exc:
+        except (asyncpg.DataError, asyncpg.ProgramLimitExceededError) as exc:
+            # Bad data, or a body over PostgreSQL's size limits: retrying cannot help.
             raise UndeliverableEvent(f"'{destination}' refused: {_reason(exc)}") from None
         except DB_ERRORS as exc:
             self._connection_lost(exc)

@@ -43,6 +43,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
@@ -88,6 +89,15 @@ def message_id(target: str, headers: Mapping[str, str], body: bytes) -> str:
         digest.update(b"\0" + name.encode() + b"\0" + headers[name].encode())
     digest.update(b"\1" + body)
     return digest.hexdigest()
+
+
+def header_bytes(headers: Mapping[str, str]) -> int:
+    """How many bytes the headers add to a message: nats-server counts them in max_payload,
+    and closes the connection of a client that exceeds it."""
+    if not headers:
+        return 0
+    lines = (len(f"{name}: {value}\r\n".encode()) for name, value in headers.items())
+    return len(b"NATS/1.0\r\n\r\n") + sum(lines)
 
 
 def control_subject(group: str) -> str:
@@ -400,6 +410,12 @@ class NatsBroker(Broker):
         all_headers = dict(headers or {})
         if destination.levels[0] != SYSTEM_PREFIX and MSG_ID_HEADER not in all_headers:
             all_headers[MSG_ID_HEADER] = message_id(target, all_headers, body)
+        size = len(body) + header_bytes(all_headers)
+        if size > self._nc.max_payload:
+            raise UndeliverableEvent(
+                f"event of {size} bytes (body and headers) exceeds the server's max_payload"
+                f" of {self._nc.max_payload} bytes"
+            )
         try:
             await self._js.publish(target, body, headers=all_headers or None)
         except NoRespondersError:
