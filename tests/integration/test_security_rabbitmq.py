@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from tests.support.tls import Pki, make_pki
 
@@ -27,8 +28,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+MAX_MESSAGE_SIZE = 1024 * 1024
+
+
 class TlsRabbitMQ(LocalRabbitMQ):
-    """The private node with an extra TLS listener using the test CA's server certificate."""
+    """The private node with an extra TLS listener using the test CA's server certificate,
+    and a 1 MB message size limit that an oversized event can exceed cheaply."""
 
     def __init__(self, data_dir: Path, pki: Pki) -> None:
         super().__init__(data_dir)
@@ -49,6 +54,7 @@ class TlsRabbitMQ(LocalRabbitMQ):
                 f"ssl_options.keyfile = {self.pki.server_key}\n"
                 "ssl_options.verify = verify_none\n"
                 "ssl_options.fail_if_no_peer_cert = false\n"
+                f"max_message_size = {MAX_MESSAGE_SIZE}\n"
             )
 
 
@@ -124,3 +130,44 @@ def test_the_connection_error_names_the_url_without_its_password() -> None:
         asyncio.run(connect_broker(settings, "x"))
     assert secret not in str(caught.value)
     assert "cannot connect to amqps://lbg@127.0.0.1:" in str(caught.value)
+
+
+def test_an_oversized_event_is_refused_as_bad_input_and_counted(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path
+) -> None:
+    """A 2 MB line (over the node's max_message_size) is one warning and one rejected input,
+    and the run exits 1; the events around it are still published."""
+    group = f"b{uuid.uuid4().hex[:8]}"
+    config = broker_config(tmp_path, tls_rabbitmq, ca=True)
+    created = cg_admin(tls_rabbitmq, config, "create", "--group", group, "--hash-prefix", group)
+    assert created.returncode == 0, created.stderr
+    events = tmp_path / "events.jsonl"
+    lines = [{"key": "a", "data": 1}, {"key": "huge", "body": "x" * 2_000_000}, {"key": "b"}]
+    events.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    try:
+        result = subprocess.run(
+            [
+                script("hashed-publisher"),
+                "--config",
+                str(config),
+                "--group",
+                group,
+                "--input",
+                str(events),
+                "--no-summary",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    finally:
+        assert cg_admin(tls_rabbitmq, config, "delete", group).returncode == 0
+    assert result.returncode == 1, result.stderr
+    stats = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (stats["acked"], stats["rejected_input"]) == (2, 1)
+    refused = [line for line in result.stderr.splitlines() if "'huge'" in line]
+    assert len(refused) == 1, result.stderr
+    assert f"is larger than configured max size {MAX_MESSAGE_SIZE}" in refused[0]
+    assert "Traceback" not in result.stderr

@@ -37,6 +37,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
@@ -62,6 +63,7 @@ PUBLISHER_TAG = "lbg-publisher"
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 _EXCHANGE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)$")
+_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d+", re.I)
 
 
 def amqp_url(settings: BrokerSettings) -> URL:
@@ -542,6 +544,11 @@ class RabbitBroker(Broker):
             raise PublishError(f"'{key}' rejected by the broker: {_delivery_reason(exc)}") from None
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise PublishError(f"exchange '{exchange_name}' does not exist") from None
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            too_large = _TOO_LARGE.search(str(exc))
+            if too_large:  # over the node's max_message_size: retrying cannot help
+                raise UndeliverableEvent(f"'{key}' refused: {too_large.group(0)}") from None
+            raise PublishError(f"'{key}' not confirmed: {exc}") from None
         except TimeoutError:
             raise PublishError(f"no confirm for '{key}' in time") from None
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
