@@ -41,6 +41,7 @@ URL_SCHEMES = (
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _USERINFO_PASSWORD = re.compile(r"([a-z]+://[^/@:,]*:)[^/@,]*@", re.I)
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*)@", re.I)
 _HANDLER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 _TOML_POSITION = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.S)
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le)}
@@ -59,6 +60,24 @@ def _read_secret(key: str, path: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or "not UTF-8 text"
         raise ConfigError(f"[broker] {key}: cannot read {_show(path)} ({reason})") from None
+
+
+def mask_password(url: str) -> str:
+    """`url` (or a comma-separated list of them) with every password in it replaced by ***."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", url)
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """`url` without its `user:password@` part, and that user and password (unquoted)."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return url, None, None
+    user, colon, password = match.group(2).partition(":")
+    return (
+        match.group(1) + url[match.end() :],
+        unquote(user) or None,
+        unquote(password) if colon else None,
+    )
 
 
 def _bounded(
@@ -132,11 +151,13 @@ class BrokerSettings:
         if scheme.lower() not in URL_SCHEMES or not rest or rest.startswith("/"):
             schemes = ", ".join(URL_SCHEMES)
             raise ValueError(
-                f"url: expected <scheme>://<host> with scheme {schemes}; got {_show(self.url)}"
+                f"url: expected <scheme>://<host> with scheme {schemes};"
+                f" got {_show(self.shown_url)}"
             )
         if self.admin_url is not None and not re.fullmatch(r"https?://[^/]+.*", self.admin_url):
             raise ValueError(
-                f"admin_url: expected http(s)://<host>[:port]; got {_show(self.admin_url)}"
+                "admin_url: expected http(s)://<host>[:port];"
+                f" got {_show(mask_password(self.admin_url))}"
             )
         for key in _TLS_KEYS:
             path = getattr(self, key)
@@ -152,7 +173,7 @@ class BrokerSettings:
     @property
     def shown_url(self) -> str:
         """The URL with any password in it masked, for log lines and error messages."""
-        return _USERINFO_PASSWORD.sub(r"\1***@", self.url)
+        return mask_password(self.url)
 
     def secret(self) -> str | None:
         """The password: `password`, else `password_file`'s content, else $LBG_BROKER_PASSWORD."""
@@ -176,6 +197,14 @@ class BrokerSettings:
         if not user:
             return None, None
         return unquote(user), unquote(password) if password is not None else self.secret()
+
+    def admin_login(self) -> tuple[str | None, str | None, str | None]:
+        """admin_url without credentials (they go in a header, never into a message), and
+        the management user and password: the admin_* keys, else those in admin_url."""
+        if self.admin_url is None:
+            return None, self.admin_user, self.admin_secret()
+        url, user, password = split_userinfo(self.admin_url)
+        return url, self.admin_user or user, self.admin_secret() or password
 
     def admin_secret(self) -> str | None:
         """The management password: `admin_password`, its file, else $LBG_ADMIN_PASSWORD."""

@@ -171,3 +171,48 @@ def test_an_oversized_event_is_refused_as_bad_input_and_counted(
     assert len(refused) == 1, result.stderr
     assert f"is larger than configured max size {MAX_MESSAGE_SIZE}" in refused[0]
     assert "Traceback" not in result.stderr
+
+
+SECRET = f"leak-{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--admin-url", "http://adm:{secret}@127.0.0.1:{closed}"),
+        ("--admin-url", "http://adm:{secret}@127.0.0.1:{management}"),
+        ("--admin-url", "ftp://adm:{secret}@127.0.0.1:{management}"),
+        ("--broker-url", "bogus://lbg:{secret}@127.0.0.1:{tls}"),
+        ("--broker-url", "amqps://lbg:{secret}@127.0.0.1:{tls}"),
+        ("--broker-url", "amqps://lbg:{secret}@127.0.0.1:{closed}"),
+    ],
+    ids=["admin-unreachable", "admin-refused", "admin-scheme", "scheme", "refused", "unreachable"],
+)
+def test_no_error_shows_a_password(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path, flags: tuple[str, str]
+) -> None:
+    """Each way cg-admin can fail with a password in a URL: one line, the password masked."""
+    option, template = flags
+    value = template.format(
+        secret=SECRET,
+        closed=free_port(),
+        management=tls_rabbitmq.admin_url.rsplit(":", 1)[1],
+        tls=tls_rabbitmq.tls_port,
+    )
+    result = subprocess.run(
+        [
+            script("cg-admin"),
+            "--config",
+            str(broker_config(tmp_path, tls_rabbitmq, ca=True)),
+            option,
+            value,
+            "list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert SECRET not in result.stderr + result.stdout

@@ -411,3 +411,18 @@ def test_a_user_named_anywhere_takes_the_password_from_the_environment(
     """So no password need be on the command line, where `ps` shows it."""
     monkeypatch.setenv(PASSWORD_ENV, "from-env")
     assert BrokerSettings(url=url, user=user).login() == expected
+
+
+def test_credentials_in_admin_url_leave_it_and_are_masked_in_errors() -> None:
+    settings = BrokerSettings(admin_url="http://adm:p%40ss@mq:15672/api")
+    assert settings.admin_login() == ("http://mq:15672/api", "adm", "p@ss")
+    assert BrokerSettings(admin_url="http://mq:15672", admin_user="a").admin_login()[:2] == (
+        "http://mq:15672",
+        "a",
+    )
+    with pytest.raises(ValueError) as caught:
+        BrokerSettings(url="bogus://u:pw@h", admin_url="ftp://a:pw@h").validate()
+    assert "pw" not in str(caught.value)
+    with pytest.raises(ValueError) as caught:
+        BrokerSettings(admin_url="ftp://a:pw@h").validate()
+    assert str(caught.value) == 'admin_url: expected http(s)://<host>[:port]; got "ftp://a:***@h"'

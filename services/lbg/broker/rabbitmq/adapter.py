@@ -69,8 +69,9 @@ _TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d
 def amqp_url(settings: BrokerSettings) -> URL:
     """The broker URL with credentials from settings and a short heartbeat unless it sets one."""
     url = URL(settings.url)
-    if settings.user:
-        url = url.with_user(settings.user).with_password(settings.secret() or "")
+    user, password = settings.login()
+    if user:
+        url = url.with_user(user).with_password(password or "")
     if "heartbeat" not in url.query:
         url = url.update_query(heartbeat=DEFAULT_HEARTBEAT)
     return url
@@ -227,9 +228,10 @@ class RabbitBroker(Broker):
         """The management API, from admin_url (default: the broker host on port 15672)."""
         if self._management is None:
             settings = self._settings
-            base = settings.admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
-            user = settings.admin_user or self._url.user or "guest"
-            password = settings.admin_secret() or self._url.password or "guest"
+            admin_url, admin_user, admin_password = settings.admin_login()
+            base = admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
+            user = admin_user or self._url.user or "guest"
+            password = admin_password or self._url.password or "guest"
             self._management = ManagementApi(base, user, password, https_verify(settings))
         return self._management
 

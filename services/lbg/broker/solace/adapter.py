@@ -466,16 +466,15 @@ class SolaceBroker(Broker):
         """The SEMP side: groups live in JNDI objects that only SEMP can read."""
         if self._semp is None:
             settings = self._settings
-            if not settings.admin_url:
+            admin_url, admin_user, admin_password = settings.admin_login()
+            if not admin_url:
                 raise BrokerError(
                     "broker admin_url is not set: on Solace the group configs live in JNDI"
                     " objects that are read over SEMP (e.g. https://broker:1943)"
                 )
-            user = settings.admin_user or settings.user or "admin"
-            password = settings.admin_secret() or settings.secret() or ""
-            self._semp = SempClient(
-                settings.admin_url, user, password, verify=https_verify(settings)
-            )
+            user = admin_user or settings.user or "admin"
+            password = admin_password or settings.secret() or ""
+            self._semp = SempClient(admin_url, user, password, verify=https_verify(settings))
         return Provisioner(self._semp, self._settings.vpn)
 
     async def create_group(
