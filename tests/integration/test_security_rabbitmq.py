@@ -16,6 +16,7 @@ from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError
+from lbg.broker.rabbitmq.management import ManagementApi
 from lbg.destinations import OutputKind, output_destination
 from lbg.embedded import free_port
 from lbg.local import script
@@ -216,3 +217,64 @@ def test_no_error_shows_a_password(
     assert result.returncode != 0
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+async def user_state(node: TlsRabbitMQ, user: str, change: dict | None = None) -> dict:
+    """The user's tags and permissions (after creating it as `change` says, if given)."""
+    api = ManagementApi(node.admin_url, USER, PASSWORD)
+    try:
+        if change is not None:
+            await api.put(f"/users/{user}", {"password": uuid.uuid4().hex, "tags": change["tags"]})
+            await api.put(f"/permissions/%2F/{user}", change["permissions"])
+        record = await api.get(f"/users/{user}")
+        return {
+            "tags": record["tags"],
+            "permissions": await api.get(f"/users/{user}/permissions"),
+            "topic": await api.get(f"/users/{user}/topic-permissions"),
+        }
+    finally:
+        await api.close()
+
+
+def test_cg_admin_never_takes_over_a_user_it_did_not_create(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path
+) -> None:
+    """An existing administrator named as publisher or CU is refused, and keeps its tags and
+    permissions; with --force it is granted, and revoking deletes only what cg-admin wrote."""
+    group, boss = f"u{uuid.uuid4().hex[:8]}", f"boss{uuid.uuid4().hex[:8]}"
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    before = asyncio.run(
+        user_state(tls_rabbitmq, boss, {"tags": "administrator", "permissions": everything})
+    )
+    config = broker_config(tmp_path, tls_rabbitmq, ca=True)
+    created = cg_admin(tls_rabbitmq, config, "create", "--group", group, "--hash-prefix", group)
+    assert created.returncode == 0, created.stderr
+    try:
+        granted = cg_admin(tls_rabbitmq, config, "grant-publisher", group, "--user", boss)
+        as_cu = cg_admin(
+            tls_rabbitmq,
+            config,
+            "create",
+            "--group",
+            f"{group}x",
+            "--hash-prefix",
+            f"{group}x",
+            "--client-username",
+            boss,
+        )
+        after = asyncio.run(user_state(tls_rabbitmq, boss))
+        forced = cg_admin(tls_rabbitmq, config, "grant-publisher", group, "--user", boss, "--force")
+        revoked = cg_admin(tls_rabbitmq, config, "revoke-publisher", group, "--user", boss)
+        left = asyncio.run(user_state(tls_rabbitmq, boss))
+        listed = cg_admin(tls_rabbitmq, config, "list")
+    finally:
+        assert cg_admin(tls_rabbitmq, config, "delete", group).returncode == 0
+    for refused in (granted, as_cu):
+        assert refused.returncode == 1
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert f"user '{boss}' exists and has tags ['administrator']" in refused.stderr
+        assert "--force" in refused.stderr
+    assert after == before
+    assert f"{group}x" not in listed.stdout
+    assert (forced.returncode, revoked.returncode) == (0, 0), forced.stderr + revoked.stderr
+    assert left == {"tags": ["administrator"], "permissions": [], "topic": []}

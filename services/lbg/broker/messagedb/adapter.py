@@ -206,8 +206,13 @@ class MessageDbBroker(Broker):
         return groups
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
+        """The roles are PostgreSQL's: `client_password` and `force` are not used here."""
         try:
             naming.check_layout(config)
         except naming.LayoutError as exc:

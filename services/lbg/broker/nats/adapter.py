@@ -273,9 +273,14 @@ class NatsBroker(Broker):
                 raise GroupExists(f"hash prefix '{prefix}' is already used by group '{other_name}'")
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
-        """NATS users live in the server's own config: `client_password` is not used here."""
+        """NATS users live in the server's own config: `client_password` and `force` are not
+        used here."""
         await self._check_clashes(name, config)
         created: list[str] = []
         try:

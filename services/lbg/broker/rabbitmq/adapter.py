@@ -63,6 +63,7 @@ PUBLISHER_TAG = "lbg-publisher"
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 _EXCHANGE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)$")
+NOT_OURS = "that cg-admin did not give"
 _TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d+", re.I)
 
 
@@ -301,7 +302,11 @@ class RabbitBroker(Broker):
                 )
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
         await self._check_clashes(name, config)
         channel = await self._open_channel(confirms=True)
@@ -337,7 +342,9 @@ class RabbitBroker(Broker):
                 ),
                 stored.name,
             )
-            await self._grant_client(config.client_username, client_password, extra=name)
+            await self._grant_client(
+                config.client_username, client_password, extra=name, force=force
+            )
         except (AMQPError, BrokerError, DeliveryError) as exc:
             await self._undo(created)
             raise BrokerError(f"cannot create group '{name}': {exc}") from None
@@ -361,12 +368,18 @@ class RabbitBroker(Broker):
                 await channel.close()
 
     async def _grant_client(
-        self, user: str, password: str | None, extra: str | None = None, without: str = ""
+        self,
+        user: str,
+        password: str | None,
+        extra: str | None = None,
+        without: str = "",
+        force: bool = False,
     ) -> None:
         """Give the client identity access to exactly the groups it serves.
 
         The user is created (tagged `lbg-client`) when a password is given and it does not
-        exist; a user left with no group loses its permissions, and is deleted if we made it.
+        exist; an existing user that is not such a CU is refused for a new group unless
+        `force`; a user left with no group loses its permissions, and is deleted if we made it.
         """
         api = self._api()
         users = path_segment(user)
@@ -384,6 +397,9 @@ class RabbitBroker(Broker):
                 return
             await api.put(f"/users/{users}", {"password": password, "tags": CLIENT_TAG})
         groups = {g for g, c in (await self.list_groups()).items() if c.client_username == user}
+        if record is not None and extra and not force:
+            expected = topology.client_permissions(sorted(groups)) if groups else None
+            await self._refuse_foreign(user, record, CLIENT_TAG, expected, groups)
         if extra:
             groups.add(extra)
         groups.discard(without)
@@ -402,15 +418,24 @@ class RabbitBroker(Broker):
             await api.delete(f"/users/{users}")
 
     async def grant_publisher(
-        self, group: str, config: GroupConfig, user: str, password: str | None
+        self,
+        group: str,
+        config: GroupConfig,
+        user: str,
+        password: str | None,
+        force: bool = False,
     ) -> None:
         """Create the publisher user (tagged `lbg-publisher`) if needed, then put the group's
         topic permission before the vhost permissions, so the user never holds write access to
-        an exchange without its routing-key limit; a failure undoes what this run added."""
+        an exchange without its routing-key limit; a failure undoes what this run added.
+        An existing user with other tags or permissions is refused unless `force`."""
         api = self._api()
         users = path_segment(user)
         record = await self._publisher_record(user)
         groups = await self._publisher_groups(user)
+        if record is not None and not force:
+            expected = topology.publisher_permissions(sorted(groups)) if groups else None
+            await self._refuse_foreign(user, record, PUBLISHER_TAG, expected, groups)
         if record is None:
             if password is None:
                 raise BrokerError(
@@ -442,6 +467,8 @@ class RabbitBroker(Broker):
         groups = await self._publisher_groups(user)
         if record is None or group not in groups:
             raise BrokerError(f"user '{user}' is not a publisher of group '{group}'")
+        expected = topology.publisher_permissions(sorted(groups))
+        await self._refuse_foreign(user, record, None, expected, groups)
         groups.discard(group)
         permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
         if groups:
@@ -468,6 +495,41 @@ class RabbitBroker(Broker):
                 f"user '{user}' is a client identity (CU): a publisher needs a user of its own"
             )
         return record
+
+    async def _refuse_foreign(
+        self,
+        user: str,
+        record: dict,
+        tag: str | None,
+        expected: dict[str, str] | None,
+        groups: set[str],
+    ) -> None:
+        """BrokerError unless cg-admin made `user` what it is: tagged only `tag` (None: any
+        tags; no tags once it serves `groups`), with `expected` vhost permissions (None: none)
+        and topic permissions on the exchanges of `groups` only. Replacing or deleting
+        anything else would take over (or wipe) a user someone else manages, such as an
+        administrator."""
+        api, users = self._api(), path_segment(user)
+        tags = record.get("tags") or []
+        tags = [t for t in tags.split(",") if t] if isinstance(tags, str) else list(tags)
+        reasons = []
+        if tag is not None and tags != [tag] and (tags or not groups):
+            # An untagged user serving groups already was taken over with --force before.
+            reasons.append(f"has tags {tags}" if tags else f"has no '{tag}' tag")
+        for entry in await api.get(f"/users/{users}/permissions") or []:
+            wanted = expected if entry.get("vhost") == self._vhost else None
+            if wanted is None or any(entry.get(k) != v for k, v in wanted.items()):
+                reasons.append(f"has permissions on vhost '{entry.get('vhost')}' {NOT_OURS}")
+        for entry in await api.get(f"/users/{users}/topic-permissions") or []:
+            matched = _EXCHANGE.match(entry.get("exchange", ""))
+            if entry.get("vhost") != self._vhost or not matched or matched.group(1) not in groups:
+                reasons.append(f"has a topic permission on '{entry.get('exchange')}' {NOT_OURS}")
+        if reasons:
+            hint = " (--force to take it over)" if tag is not None else ""
+            raise BrokerError(
+                f"user '{user}' exists and {'; '.join(reasons)}:"
+                f" refusing to change a user cg-admin does not manage{hint}"
+            )
 
     async def _publisher_groups(self, user: str) -> set[str]:
         """The groups whose exchange the user has a topic permission on."""

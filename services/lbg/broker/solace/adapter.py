@@ -478,8 +478,13 @@ class SolaceBroker(Broker):
         return Provisioner(self._semp, self._settings.vpn)
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
+        """`force` is not used: SEMP refuses a username with other profiles regardless."""
         if config.replicas != 1:
             raise BrokerError(
                 f"RF (replicas) {config.replicas}: Solace keeps copies by its high-availability"
@@ -488,8 +493,14 @@ class SolaceBroker(Broker):
         await self._admin().create_group(name, config, client_password)
 
     async def grant_publisher(
-        self, group: str, config: GroupConfig, user: str, password: str | None
+        self,
+        group: str,
+        config: GroupConfig,
+        user: str,
+        password: str | None,
+        force: bool = False,
     ) -> None:
+        """`force` is not used: SEMP refuses a username with other profiles regardless."""
         await self._admin().grant_publisher(group, config, user, password)
 
     async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
