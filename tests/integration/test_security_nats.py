@@ -265,7 +265,8 @@ def test_the_client_user_reaches_its_own_group_only(secure_nats: SecureNats) -> 
 
 
 async def publisher_attempts(secure: SecureNats) -> dict[str, str]:
-    """The publisher user publishes its group's events but may not consume them."""
+    """The publisher user publishes its group's events but may not consume them, nor publish
+    to another group or outside its buckets."""
     outcome: dict[str, str] = {}
     broker = await connect_broker(secure.settings("publisher"), "publisher-probe")
     try:
@@ -282,6 +283,11 @@ async def publisher_attempts(secure: SecureNats) -> dict[str, str]:
             outcome["publish other"] = "allowed"
         except PublishError as exc:
             outcome["publish other"] = str(exc)
+        try:
+            await broker.publish(event_destination(config.hash_prefix, 99999, "k"), b"{}")
+            outcome["bucket 99999"] = "allowed"
+        except PublishError as exc:
+            outcome["bucket 99999"] = str(exc)
     finally:
         await broker.close()
     return outcome
@@ -292,6 +298,8 @@ def test_the_publisher_user_publishes_but_cannot_consume(secure_nats: SecureNats
     assert outcome["publish"] == "ok"
     assert "not permitted" in outcome["bind"]
     assert "not permitted" in outcome["publish other"]
+    # The events stream takes the group's buckets only: one outside HC is refused, not lost.
+    assert outcome["bucket 99999"].startswith(f"no stream captures '{secure_nats.group}.99999.k'")
 
 
 async def read_on_a_fresh_server(url: str) -> tuple[str, bool]:

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aio_pika
+import aiormq.exceptions
 import orjson
 import pytest
 from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
-from lbg.broker.base import BrokerError
+from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.rabbitmq.management import ManagementApi
-from lbg.destinations import OutputKind, output_destination
+from lbg.destinations import OutputKind, event_destination, output_destination
 from lbg.embedded import free_port
 from lbg.local import script
 from lbg.local_rabbitmq import PASSWORD, USER, LocalRabbitMQ
@@ -278,3 +281,92 @@ def test_cg_admin_never_takes_over_a_user_it_did_not_create(
     assert f"{group}x" not in listed.stdout
     assert (forced.returncode, revoked.returncode) == (0, 0), forced.stderr + revoked.stderr
     assert left == {"tags": ["administrator"], "permissions": [], "topic": []}
+
+
+async def hostile_identities(node: TlsRabbitMQ, group: str, cu: str, pub: str) -> dict[str, str]:
+    """What the group's CU and publisher try beyond their job, and what became of it."""
+    outcome: dict[str, str] = {}
+    url = node.tls_url.replace(f"{USER}:{PASSWORD}@", "")
+    ca = str(node.pki.ca)
+    client = await connect_broker(
+        BrokerSettings(url=url, user=cu, password=cu, tls_ca_file=ca), "cu"
+    )
+    try:
+        try:
+            await client.publish(output_destination(group, OutputKind.SUMMARY), b"{}")
+            outcome["fake summary"] = "allowed"
+        except PublishError as exc:
+            outcome["fake summary"] = str(exc)
+    finally:
+        await client.close()
+    context = ssl.create_default_context(cafile=ca)
+    for name in ("", f"lbg.{group}.member.{uuid.uuid4().hex}"):
+        connection = await aio_pika.connect(
+            url.replace("amqps://", f"amqps://{cu}:{cu}@"), ssl_context=context
+        )
+        try:
+            channel = await connection.channel()
+            declared = await channel.declare_queue(name, durable=True)
+            outcome[name or "server-named"] = declared.name
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            outcome[name or "server-named"] = str(exc)
+        finally:
+            await connection.close()
+    publisher = await connect_broker(
+        BrokerSettings(url=url, user=pub, password=pub, tls_ca_file=ca), "pub"
+    )
+    try:
+        config = await publisher.read_group(group)
+        try:
+            await publisher.publish(event_destination(config.hash_prefix, 99999, "k"), b"{}")
+            outcome["bucket 99999"] = "allowed"
+        except PublishError as exc:
+            outcome["bucket 99999"] = str(exc)
+    finally:
+        await publisher.close()
+    return outcome
+
+
+async def queue_policy(node: TlsRabbitMQ, name: str) -> dict:
+    api = ManagementApi(node.admin_url, USER, PASSWORD)
+    try:
+        for _ in range(50):
+            info = await api.get(f"/queues/%2F/{name}")
+            if info.get("effective_policy_definition"):
+                return info["effective_policy_definition"]
+            await asyncio.sleep(0.2)
+        return {}
+    finally:
+        await api.close()
+
+
+def test_the_cu_and_publisher_cannot_act_beyond_their_job(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CU cannot fake a publisher summary nor declare a server-named (amq.gen-) queue;
+    a durable member queue it declares instead expires under cg-admin's policy; the
+    publisher cannot publish to a bucket outside HC."""
+    suffix = uuid.uuid4().hex[:8]
+    group, cu, pub = f"h{suffix}", f"cu{suffix}", f"pub{suffix}"
+    monkeypatch.setenv("LBG_CLIENT_PASSWORD", cu)
+    monkeypatch.setenv("LBG_PUBLISHER_PASSWORD", pub)
+    config = broker_config(tmp_path, tls_rabbitmq, ca=True)
+    created = cg_admin(
+        tls_rabbitmq, config, "create", "--group", group, "--hash-prefix", group,
+        "--hash-count", "8", "--client-username", cu,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    try:
+        granted = cg_admin(tls_rabbitmq, config, "grant-publisher", group, "--user", pub)
+        assert granted.returncode == 0, granted.stderr
+        outcome = asyncio.run(hostile_identities(tls_rabbitmq, group, cu, pub))
+        member = next(name for name in outcome if ".member." in name)
+        policy = asyncio.run(queue_policy(tls_rabbitmq, member))
+        cg_admin(tls_rabbitmq, config, "revoke-publisher", group, "--user", pub)
+    finally:
+        assert cg_admin(tls_rabbitmq, config, "delete", group).returncode == 0
+    assert "ACCESS_REFUSED" in outcome["fake summary"]
+    assert "ACCESS_REFUSED" in outcome["server-named"]
+    assert outcome[member] == member
+    assert policy == {"expires": 60000, "max-length": 1000}
+    assert "ACCESS_REFUSED" in outcome["bucket 99999"]

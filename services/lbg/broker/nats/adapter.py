@@ -1,8 +1,9 @@
 """NATS JetStream behind the broker interface.
 
-Per group: one stream over `<HP>.>` (the events), one stream over `_lbg.<group>.>` (the
-validation, dead-letter and summary outputs), one durable pull consumer per queue filtered
-to its buckets, and the group config in the KV bucket `lbg_groups` (the JNDI analogue).
+Per group: one stream over `<HP>.<b>.>` for each bucket b < HC (the events), one stream over
+`_lbg.<group>.>` (the validation, dead-letter and summary outputs), one durable pull consumer
+per queue filtered to its buckets, and the group config in the KV bucket `lbg_groups` (the
+JNDI analogue).
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
@@ -288,7 +295,9 @@ class NatsBroker(Broker):
                 created,
                 StreamConfig(
                     name=events_stream(name),
-                    subjects=[f"{config.hash_prefix}.>"],
+                    # One subject per bucket: an event to a bucket outside HC is refused
+                    # (no stream answers), rather than stored where no queue reads it.
+                    subjects=[f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)],
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
@@ -423,8 +432,10 @@ class NatsBroker(Broker):
             )
         try:
             await self._js.publish(target, body, headers=all_headers or None)
-        except NoRespondersError:
-            raise PublishError(f"no stream captures '{target}' (does the group exist?)") from None
+        except (NoRespondersError, NoStreamResponseError):
+            raise PublishError(
+                f"no stream captures '{target}' (does the group exist? is the bucket < HC?)"
+            ) from None
         except (NatsTimeoutError, TimeoutError):
             refused = self._events.refusal(target)
             raise PublishError(refused or f"no acknowledgement for '{target}' in time") from None

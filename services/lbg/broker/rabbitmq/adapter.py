@@ -12,6 +12,7 @@ import contextlib
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
@@ -342,6 +343,9 @@ class RabbitBroker(Broker):
                 ),
                 stored.name,
             )
+            policy, body = topology.member_queue_policy(name)
+            await self._api().put(self._policy_path(policy), body)
+            created.append(("policy", policy))
             await self._grant_client(
                 config.client_username, client_password, extra=name, force=force
             )
@@ -353,13 +357,18 @@ class RabbitBroker(Broker):
                 await channel.close()
         self._prefixes[config.hash_prefix] = name
 
+    def _policy_path(self, policy: str) -> str:
+        return f"/policies/{path_segment(self._vhost)}/{path_segment(policy)}"
+
     async def _undo(self, created: list[tuple[str, str]]) -> None:
         """Delete what a failed create made, newest first."""
         channel = await self._open_channel()
         try:
             for kind, object_name in reversed(created):
                 with contextlib.suppress(Exception):
-                    if kind == "queue":
+                    if kind == "policy":
+                        await self._api().delete(self._policy_path(object_name))
+                    elif kind == "queue":
                         await channel.queue_delete(object_name)
                     else:
                         await channel.exchange_delete(object_name)
@@ -556,6 +565,8 @@ class RabbitBroker(Broker):
             with contextlib.suppress(Exception):
                 await channel.close()
         self._prefixes.pop(config.hash_prefix, None)
+        with contextlib.suppress(NotFound):
+            await self._api().delete(self._policy_path(topology.member_queue_policy(name)[0]))
         await self._grant_client(config.client_username, None, without=name)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
@@ -667,7 +678,13 @@ class RabbitBroker(Broker):
     async def _control_queue(self, group: str, handler: Callable[[bytes], None]) -> AbstractChannel:
         """A private queue bound to the group's heartbeats, consumed on its own channel."""
         channel = await self._open_channel()
-        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        name = topology.member_queue_name(group, uuid.uuid4().hex)
+        try:
+            queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        except aiormq.exceptions.ChannelAccessRefused:
+            # A CU granted by an older cg-admin may declare server-named queues only.
+            channel = await self._open_channel()
+            queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(topology.exchange_name(group), topology.control_routing_key(group))
 
         async def deliver(message: AbstractIncomingMessage) -> None:
