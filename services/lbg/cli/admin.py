@@ -145,6 +145,13 @@ def create(
         group_name = validate_group_name(g.name)
         if from_json is not None:
             config = GroupConfig.from_json(from_json)
+            if "CP" in orjson.loads(from_json):
+                click.echo(
+                    "cg-admin: warning: --from-json: CP (the client password) is dropped, never"
+                    " stored, but it was visible in the process list: change it, and give it"
+                    f" with --client-password-file or ${CLIENT_PASSWORD_ENV}",
+                    err=True,
+                )
         else:
             config = GroupConfig(
                 hash_prefix=g.hash_prefix,
