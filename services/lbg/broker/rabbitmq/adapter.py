@@ -477,7 +477,7 @@ class RabbitBroker(Broker):
         if record is None or group not in groups:
             raise BrokerError(f"user '{user}' is not a publisher of group '{group}'")
         expected = topology.publisher_permissions(sorted(groups))
-        await self._refuse_foreign(user, record, None, expected, groups)
+        await self._refuse_foreign(user, record, PUBLISHER_TAG, expected, groups, False)
         groups.discard(group)
         permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
         if groups:
@@ -509,22 +509,25 @@ class RabbitBroker(Broker):
         self,
         user: str,
         record: dict,
-        tag: str | None,
+        tag: str,
         expected: dict[str, str] | None,
         groups: set[str],
+        check_tags: bool = True,
     ) -> None:
-        """BrokerError unless cg-admin made `user` what it is: tagged only `tag` (None: any
-        tags; no tags once it serves `groups`), with `expected` vhost permissions (None: none)
-        and topic permissions on the exchanges of `groups` only. Replacing or deleting
-        anything else would take over (or wipe) a user someone else manages, such as an
+        """BrokerError unless cg-admin made `user` what it is: tagged `tag` alone (cg-admin
+        created it), or (taken over with --force before) untagged, serving `groups`, with
+        `expected` vhost permissions (None: none) and topic permissions on the exchanges of
+        `groups` only; `check_tags` False accepts any tags. Replacing or deleting anything
+        else would take over (or wipe) a user someone else manages, such as an
         administrator."""
-        api, users = self._api(), path_segment(user)
         tags = record.get("tags") or []
         tags = [t for t in tags.split(",") if t] if isinstance(tags, str) else list(tags)
+        if tags == [tag]:
+            return
         reasons = []
-        if tag is not None and tags != [tag] and (tags or not groups):
-            # An untagged user serving groups already was taken over with --force before.
+        if check_tags and (tags or not groups):
             reasons.append(f"has tags {tags}" if tags else f"has no '{tag}' tag")
+        api, users = self._api(), path_segment(user)
         for entry in await api.get(f"/users/{users}/permissions") or []:
             wanted = expected if entry.get("vhost") == self._vhost else None
             if wanted is None or any(entry.get(k) != v for k, v in wanted.items()):
@@ -534,7 +537,7 @@ class RabbitBroker(Broker):
             if entry.get("vhost") != self._vhost or not matched or matched.group(1) not in groups:
                 reasons.append(f"has a topic permission on '{entry.get('exchange')}' {NOT_OURS}")
         if reasons:
-            hint = " (--force to take it over)" if tag is not None else ""
+            hint = " (--force to take it over)" if check_tags else ""
             raise BrokerError(
                 f"user '{user}' exists and {'; '.join(reasons)}:"
                 f" refusing to change a user cg-admin does not manage{hint}"
