@@ -71,6 +71,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
     UndeliverableKey,
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
@@ -100,6 +101,9 @@ BROWSE_BATCH = 500
 BROWSE_WAIT_MS = 500
 ACTIVE_FLOW = "active-consumer"
 MAX_TOPIC_BYTES = 250
+# The queues' max-msg-size (Solace's default, which cg-admin leaves): a bigger message is
+# discarded by each queue, so it is refused before it is sent.
+MAX_MESSAGE_BYTES = 10_000_000
 DEFAULT_USERNAME = "default"
 _TOPIC_UNSAFE = re.compile(r"[%/*>\x00-\x20\x7f]")
 
@@ -523,6 +527,14 @@ class SolaceBroker(Broker):
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         target = topic_name(destination)
+        size = len(body) + sum(
+            len(f"{k}{v}".encode(errors="replace")) for k, v in (headers or {}).items()
+        )
+        if size > MAX_MESSAGE_BYTES:
+            raise UndeliverableEvent(
+                f"'{target}': event of {size} bytes (body and headers) exceeds the queues'"
+                f" max-msg-size of {MAX_MESSAGE_BYTES} bytes"
+            )
         with self._receipts.expect(target) as (key, receipt):
             try:
                 message = outbound_message(self._service, body, headers)
