@@ -426,3 +426,13 @@ def test_credentials_in_admin_url_leave_it_and_are_masked_in_errors() -> None:
     with pytest.raises(ValueError) as caught:
         BrokerSettings(admin_url="ftp://a:pw@h").validate()
     assert str(caught.value) == 'admin_url: expected http(s)://<host>[:port]; got "ftp://a:***@h"'
+
+
+def test_rabbitmq_logs_in_as_the_url_user_with_the_password_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lbg.broker.rabbitmq.adapter import amqp_url
+
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    url = amqp_url(BrokerSettings(url="amqp://cu@mq:5672/%2F"))
+    assert (url.user, url.password, url.host) == ("cu", "from-env", "mq")
