@@ -71,7 +71,7 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
 INBOX_ROOT = "_INBOX"
-_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
@@ -116,7 +116,7 @@ def inbox_prefix(user: str | None) -> str:
     """Where `user`'s replies (API answers, publish acks, pulled messages) arrive:
     `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
     Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
-    return f"{INBOX_ROOT}.{user}" if user and _TOKEN.fullmatch(user) else INBOX_ROOT
+    return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
 
 
 def consumer_name(queue: int) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
@@ -28,12 +27,12 @@ from lbg.broker.nats.adapter import (
     CONFIG_BUCKET,
     CONTROL_PREFIX,
     OWNERS_BUCKET,
+    SUBJECT_TOKEN,
     events_stream,
     inbox_prefix,
 )
 from lbg.destinations import SYSTEM_PREFIX, OutputKind
 
-_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 ADMIN_USER = "lbg-admin"
 PUBLISHER_USER = "lbg-publisher"
 CLIENT_USER = "lbg-client"
@@ -99,7 +98,7 @@ def authorization_block(
         "client user": client_user,
     }
     for what, value in names.items():
-        if not _TOKEN.fullmatch(value):
+        if not SUBJECT_TOKEN.fullmatch(value):
             raise ValueError(f"{what}: expected letters, digits, '-' or '_', got {value!r}")
     users = [
         (admin_user, "LBG_NATS_ADMIN_PASSWORD", None),
