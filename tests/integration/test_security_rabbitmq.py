@@ -370,3 +370,33 @@ def test_the_cu_and_publisher_cannot_act_beyond_their_job(
     assert outcome[member] == member
     assert policy == {"expires": 60000, "max-length": 1000}
     assert "ACCESS_REFUSED" in outcome["bucket 99999"]
+
+
+def test_a_cu_taken_over_with_force_serves_further_groups_without_it(
+    tls_rabbitmq: TlsRabbitMQ, tmp_path: Path
+) -> None:
+    """An untagged existing user is refused as CU, taken over with --force, and then simply
+    gets each further group: its permissions are the ones cg-admin wrote."""
+    suffix = uuid.uuid4().hex[:8]
+    first, second, user = f"f{suffix}", f"s{suffix}", f"ext{suffix}"
+    asyncio.run(user_state(tls_rabbitmq, user, {"tags": "", "permissions": {
+        "configure": "^$", "write": "^$", "read": "^$"}}))  # fmt: skip
+    config = broker_config(tmp_path, tls_rabbitmq, ca=True)
+
+    def create(group: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return cg_admin(
+            tls_rabbitmq, config, "create", "--group", group, "--hash-prefix", group,
+            "--client-username", user, *extra,
+        )  # fmt: skip
+
+    refused = create(first)
+    forced = create(first, "--force")
+    further = create(second)
+    try:
+        assert refused.returncode == 1
+        assert f"user '{user}' exists and has no 'lbg-client' tag" in refused.stderr
+        assert forced.returncode == 0, forced.stderr
+        assert further.returncode == 0, further.stderr
+    finally:
+        for group in (first, second):
+            cg_admin(tls_rabbitmq, config, "delete", group)

@@ -64,7 +64,7 @@ PUBLISHER_TAG = "lbg-publisher"
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 _EXCHANGE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)$")
-NOT_OURS = "that cg-admin did not give"
+_NOT_OURS = "that cg-admin did not give"
 _TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d+", re.I)
 
 
@@ -407,8 +407,9 @@ class RabbitBroker(Broker):
             await api.put(f"/users/{users}", {"password": password, "tags": CLIENT_TAG})
         groups = {g for g, c in (await self.list_groups()).items() if c.client_username == user}
         if record is not None and extra and not force:
-            expected = topology.client_permissions(sorted(groups)) if groups else None
-            await self._refuse_foreign(user, record, CLIENT_TAG, expected, groups)
+            served = groups - {extra}  # the new group's config is stored already
+            expected = topology.client_permissions(sorted(served)) if served else None
+            await self._refuse_foreign(user, record, CLIENT_TAG, expected, served)
         if extra:
             groups.add(extra)
         groups.discard(without)
@@ -531,11 +532,11 @@ class RabbitBroker(Broker):
         for entry in await api.get(f"/users/{users}/permissions") or []:
             wanted = expected if entry.get("vhost") == self._vhost else None
             if wanted is None or any(entry.get(k) != v for k, v in wanted.items()):
-                reasons.append(f"has permissions on vhost '{entry.get('vhost')}' {NOT_OURS}")
+                reasons.append(f"has permissions on vhost '{entry.get('vhost')}' {_NOT_OURS}")
         for entry in await api.get(f"/users/{users}/topic-permissions") or []:
             matched = _EXCHANGE.match(entry.get("exchange", ""))
             if entry.get("vhost") != self._vhost or not matched or matched.group(1) not in groups:
-                reasons.append(f"has a topic permission on '{entry.get('exchange')}' {NOT_OURS}")
+                reasons.append(f"has a topic permission on '{entry.get('exchange')}' {_NOT_OURS}")
         if reasons:
             hint = " (--force to take it over)" if check_tags else ""
             raise BrokerError(
