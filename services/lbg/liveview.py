@@ -7,11 +7,16 @@ Served by aiohttp inside the validator's event loop (`validation-client --web-po
 
 from __future__ import annotations
 
+import base64
 import collections
+import hashlib
 import importlib.resources
+import ipaddress
 import logging
+import re
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -83,8 +88,58 @@ class LiveView:
         }
 
 
+_INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.S)
+
+
 def page_html() -> bytes:
     return importlib.resources.files("lbg").joinpath("liveview.html").read_bytes()
+
+
+def security_headers(page: bytes) -> dict[str, str]:
+    """Headers for every answer: only the page's own inline script and style may run (by
+    hash), it fetches from its own origin only, nobody may frame it, nothing is sniffed."""
+    sources: dict[bytes, list[str]] = {b"script": [], b"style": []}
+    for kind, body in _INLINE.findall(page):
+        digest = base64.b64encode(hashlib.sha256(body).digest()).decode()
+        sources[kind].append(f"'sha256-{digest}'")
+    policy = (
+        "default-src 'none'; connect-src 'self'; img-src 'self';"
+        f" script-src {' '.join(sources[b'script'])}; style-src {' '.join(sources[b'style'])};"
+        " base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return {
+        "Content-Security-Policy": policy,
+        "X-Content-Type-Options": "nosniff",
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
+
+
+def trusted_host(host: str | None) -> bool:
+    """Whether a request's Host names this machine (an IP address, localhost or its own
+    name): a page of another site that rebinds its DNS name to us sends its own name."""
+    if not host:
+        return False
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").lower().rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        own = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+        return name in own or name.endswith(".localhost")
+    return True
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (an IP address or a host name) is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address.lower() == "localhost"
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def serve_live_view(
@@ -92,17 +147,36 @@ async def serve_live_view(
 ) -> web.AppRunner:
     """Start serving `/` and `/api/state` on `address:port`; the caller cleans the runner up."""
 
+    page = page_html()
+    headers = security_headers(page)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse a foreign Host (DNS rebinding), and send the security headers."""
+        if not trusted_host(request.host):
+            response: web.StreamResponse = web.Response(status=421, text="unknown host\n")
+        else:
+            response = await handler(request)
+        response.headers.update(headers)
+        return response
+
     async def index(_request: web.Request) -> web.Response:
-        return web.Response(body=page_html(), content_type="text/html")
+        return web.Response(body=page, content_type="text/html")
 
     async def state(_request: web.Request) -> web.Response:
         return web.json_response(view.state(validator.report()))
 
-    app = web.Application()
+    app = web.Application(middlewares=[guard])
     app.router.add_get("/", index)
     app.router.add_get("/api/state", state)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, address, port).start()
     log.info("live view on http://%s:%d/", address, port)
+    if not is_loopback(address):
+        log.warning(
+            "live view listens on %s: anyone who can reach it sees the group's state"
+            " (no authentication); bind it to 127.0.0.1 unless that is meant",
+            address,
+        )
     return runner

@@ -232,9 +232,15 @@ class HashedPublisher:
         return seq, task
 
     def _done(self, key: str, task: asyncio.Task[bool]) -> None:
+        """Free the task's window slot; an error no adapter mapped stops the run (one line
+        from PublishFailed) instead of dropping the event unseen."""
         self._window.release()
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
+        error = None if task.cancelled() else task.exception()
+        if error is not None and self._failure is None:
+            self._failure = error
+            log.error("publish of key %r failed: %s", key[:80], error or type(error).__name__)
 
     async def _publish(
         self,

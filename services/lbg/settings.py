@@ -14,6 +14,7 @@ import typing
 from collections.abc import Mapping
 from datetime import date, time
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 try:
     import tomllib
@@ -42,6 +43,7 @@ URL_SCHEMES = (
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _USERINFO_PASSWORD = re.compile(r"([a-z]+://[^/@:,]*:)[^/@,]*@", re.I)
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*)@", re.I)
 _HANDLER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 _TOML_POSITION = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.S)
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le)}
@@ -60,6 +62,24 @@ def _read_secret(key: str, path: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or "not UTF-8 text"
         raise ConfigError(f"[broker] {key}: cannot read {_show(path)} ({reason})") from None
+
+
+def mask_password(url: str) -> str:
+    """`url` (or a comma-separated list of them) with every password in it replaced by ***."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", url)
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """`url` without its `user:password@` part, and that user and password (unquoted)."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return url, None, None
+    user, colon, password = match.group(2).partition(":")
+    return (
+        match.group(1) + url[match.end() :],
+        unquote(user) or None,
+        unquote(password) if colon else None,
+    )
 
 
 def _bounded(
@@ -133,11 +153,13 @@ class BrokerSettings:
         if scheme.lower() not in URL_SCHEMES or not rest or rest.startswith("/"):
             schemes = ", ".join(URL_SCHEMES)
             raise ValueError(
-                f"url: expected <scheme>://<host> with scheme {schemes}; got {_show(self.url)}"
+                f"url: expected <scheme>://<host> with scheme {schemes};"
+                f" got {_show(self.shown_url)}"
             )
         if self.admin_url is not None and not re.fullmatch(r"https?://[^/]+.*", self.admin_url):
             raise ValueError(
-                f"admin_url: expected http(s)://<host>[:port]; got {_show(self.admin_url)}"
+                "admin_url: expected http(s)://<host>[:port];"
+                f" got {_show(mask_password(self.admin_url))}"
             )
         for key in _TLS_KEYS:
             path = getattr(self, key)
@@ -153,7 +175,7 @@ class BrokerSettings:
     @property
     def shown_url(self) -> str:
         """The URL with any password in it masked, for log lines and error messages."""
-        return _USERINFO_PASSWORD.sub(r"\1***@", self.url)
+        return mask_password(self.url)
 
     def secret(self) -> str | None:
         """The password: `password`, else `password_file`'s content, else $LBG_BROKER_PASSWORD."""
@@ -162,6 +184,29 @@ class BrokerSettings:
         if self.password_file is not None:
             return _read_secret("password_file", self.password_file)
         return os.environ.get(PASSWORD_ENV) or None
+
+    def login(self) -> tuple[str | None, str | None]:
+        """User and password: the `user` key with secret(), else the URL's user with the URL's
+        password, or with secret() when the URL names the user only (so the password can stay
+        out of the command line, in a file or the environment)."""
+        if self.user:
+            return self.user, self.secret()
+        try:
+            userinfo = urlsplit(self.url.split(",")[0])
+            user, password = userinfo.username, userinfo.password
+        except ValueError:
+            return None, None
+        if not user:
+            return None, None
+        return unquote(user), unquote(password) if password is not None else self.secret()
+
+    def admin_login(self) -> tuple[str | None, str | None, str | None]:
+        """admin_url without credentials (they go in a header, never into a message), and
+        the management user and password: the admin_* keys, else those in admin_url."""
+        if self.admin_url is None:
+            return None, self.admin_user, self.admin_secret()
+        url, user, password = split_userinfo(self.admin_url)
+        return url, self.admin_user or user, self.admin_secret() or password
 
     def admin_secret(self) -> str | None:
         """The management password: `admin_password`, its file, else $LBG_ADMIN_PASSWORD."""

@@ -233,7 +233,9 @@ def test_an_existing_user_serves_two_groups_keeps_the_other_on_revoke_and_stays(
         refused = admin(rabbitmq, "grant-publisher", first, "--user", "lbg-client", ok=False)
         assert "is a client identity (CU)" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
-        admin(rabbitmq, "grant-publisher", first, "--user", user)
+        refused = admin(rabbitmq, "grant-publisher", first, "--user", user, ok=False)
+        assert f"user '{user}' exists and has no 'lbg-publisher' tag" in refused.stderr
+        admin(rabbitmq, "grant-publisher", first, "--user", user, "--force")
         admin(rabbitmq, "grant-publisher", second, "--user", user)
         url = as_user(rabbitmq, user, "own-pw")
         assert asyncio.run(publish_refusal(url, exchange_name(second), f"{second}.1.k")) == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import sys
 import uuid
@@ -264,7 +265,8 @@ def test_the_client_user_reaches_its_own_group_only(secure_nats: SecureNats) -> 
 
 
 async def publisher_attempts(secure: SecureNats) -> dict[str, str]:
-    """The publisher user publishes its group's events but may not consume them."""
+    """The publisher user publishes its group's events but may not consume them, nor publish
+    to another group or outside its buckets."""
     outcome: dict[str, str] = {}
     broker = await connect_broker(secure.settings("publisher"), "publisher-probe")
     try:
@@ -281,6 +283,11 @@ async def publisher_attempts(secure: SecureNats) -> dict[str, str]:
             outcome["publish other"] = "allowed"
         except PublishError as exc:
             outcome["publish other"] = str(exc)
+        try:
+            await broker.publish(event_destination(config.hash_prefix, 99999, "k"), b"{}")
+            outcome["bucket 99999"] = "allowed"
+        except PublishError as exc:
+            outcome["bucket 99999"] = str(exc)
     finally:
         await broker.close()
     return outcome
@@ -291,6 +298,8 @@ def test_the_publisher_user_publishes_but_cannot_consume(secure_nats: SecureNats
     assert outcome["publish"] == "ok"
     assert "not permitted" in outcome["bind"]
     assert "not permitted" in outcome["publish other"]
+    # The events stream takes the group's buckets only: one outside HC is refused, not lost.
+    assert outcome["bucket 99999"].startswith(f"no stream captures '{secure_nats.group}.99999.k'")
 
 
 async def read_on_a_fresh_server(url: str) -> tuple[str, bool]:
@@ -336,3 +345,120 @@ def test_asking_for_tls_never_falls_back_to_plain_text(
         f"{settings.url}: the server does not require TLS, and TLS was asked for"
         " (tls:// or a tls_* key): refusing to talk to it in plain text"
     )
+
+
+async def drain_queues(bindings: list, want: int, within: float) -> int:
+    """Take and ack deliveries from every binding until `want` arrived or time is up."""
+    received = 0
+
+    async def take(binding) -> None:
+        nonlocal received
+        while True:
+            delivery = await binding.next()
+            await binding.ack(delivery)
+            received += 1
+
+    tasks = [asyncio.create_task(take(binding)) for binding in bindings]
+    deadline = asyncio.get_running_loop().time() + within
+    while received < want and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return received
+
+
+async def inbox_spying(secure: SecureNats) -> tuple[dict[str, list[str]], dict[str, str], int]:
+    """The group's publisher and client users each subscribe to every inbox while the client
+    pulls the publisher's events: what each spy received, the server's refusals, and how
+    many events the client got."""
+    seen: dict[str, list[str]] = {}
+    refusals: dict[str, str] = {}
+    spies = []
+    for role in ("publisher", "client"):
+        user, variable = ROLES[role]
+        seen[role] = []
+
+        async def spy(msg, role: str = role) -> None:
+            seen[role].append(msg.subject)
+
+        async def refused(exc: Exception, role: str = role) -> None:
+            refusals[role] = str(exc)
+
+        nc = await nats.connect(
+            secure.url,
+            user=user,
+            password=PASSWORDS[variable],
+            tls=ssl.create_default_context(cafile=str(secure.pki.ca)),
+            error_cb=refused,
+        )
+        await nc.subscribe("_INBOX.>", cb=spy)
+        await nc.flush()
+        spies.append(nc)
+    publisher = await connect_broker(secure.settings("publisher"), "victim-publisher")
+    client = await connect_broker(secure.settings("client"), "victim-client")
+    try:
+        config = await client.read_group(secure.group)
+        bindings = [
+            await client.bind(secure.group, config, queue, "victim")
+            for queue in range(config.queue_count)
+        ]
+        for index in range(20):
+            key = f"secret-{index}"
+            destination = event_destination(config.hash_prefix, config.bucket_for_key(key), key)
+            await publisher.publish(destination, b"confidential")
+        received = await drain_queues(bindings, 20, 30.0)
+        for binding in bindings:
+            await binding.close()
+    finally:
+        await client.close()
+        await publisher.close()
+        for nc in spies:
+            await nc.close()
+    return seen, refusals, received
+
+
+def test_no_user_can_read_another_users_replies(secure_nats: SecureNats) -> None:
+    """Pulled events, publish acks and API answers go to each user's own inbox prefix: a
+    subscription to every inbox is refused, and a spy sees nothing of the others' traffic."""
+    seen, refusals, received = asyncio.run(inbox_spying(secure_nats))
+    assert received >= 20
+    assert seen == {"publisher": [], "client": []}
+    for role in ("publisher", "client"):
+        assert 'permissions violation for subscription to "_inbox.>"' in refusals[role].lower()
+
+
+def test_an_oversized_event_is_refused_as_bad_input_and_counted(
+    secure_nats: SecureNats, tmp_path: Path
+) -> None:
+    """A 2 MB line (over the server's 1 MB max_payload) is one warning and one rejected input,
+    and the run exits 1; the events around it are still published."""
+    events = tmp_path / "events.jsonl"
+    lines = [{"key": "a", "data": 1}, {"key": "huge", "body": "x" * 2_000_000}, {"key": "b"}]
+    events.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    result = subprocess.run(
+        [
+            script("hashed-publisher"),
+            "--config",
+            str(secure_nats.config_file("publisher")),
+            "--broker-url",
+            secure_nats.url,
+            "--group",
+            secure_nats.group,
+            "--input",
+            str(events),
+            "--no-summary",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    stats = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert (stats["acked"], stats["rejected_input"]) == (2, 1)
+    refused = [line for line in result.stderr.splitlines() if "'huge'" in line]
+    assert len(refused) == 1, result.stderr
+    assert "exceeds the server's max_payload of 1048576 bytes" in refused[0]
+    assert "Traceback" not in result.stderr and "never retrieved" not in result.stderr

@@ -101,13 +101,29 @@ def test_client_permissions_cover_its_groups_and_nothing_of_others(mine: str, ot
     own += [topology.config_queue_name(mine), topology.owners_stream_name(mine)]
     assert all(permissions["read"].match(name) for name in own)
     assert permissions["write"].match(topology.exchange_name(mine))
-    assert permissions["configure"].match("amq.gen-abc123")
+    member = topology.member_queue_name(mine, "0123abcdef")
+    assert all(permissions[p].match(member) for p in permissions)
+    assert not any(permissions[p].match("amq.gen-abc123") for p in permissions)
     assert not permissions["configure"].match(topology.queue_name(mine, 0))
     assert not permissions["write"].match(topology.queue_name(mine, 0))
     if other != mine:
         theirs = [topology.queue_name(other, 0), topology.exchange_name(other)]
         theirs.append(topology.owners_stream_name(other))
+        theirs.append(topology.member_queue_name(other, "0123abcdef"))
         assert not any(permissions[p].match(name) for p in permissions for name in theirs)
+
+
+@given(group_names)
+def test_a_client_writes_validation_dead_letters_and_heartbeats_only(group: str) -> None:
+    topic = topology.client_topic_permissions(group)
+    write, read = re.compile(topic["write"]), re.compile(topic["read"])
+    allowed = [output_destination(group, k) for k in (OutputKind.VALIDATION, OutputKind.DEAD)]
+    assert all(write.search(topology.routing_key(d)) for d in allowed)
+    assert write.search(topology.control_routing_key(group))
+    assert read.search(topology.control_routing_key(group))
+    summary = topology.routing_key(output_destination(group, OutputKind.SUMMARY))
+    refused = [summary, topology.control_routing_key(group) + ".x", f"_lbg.{group}.deadx"]
+    assert not [k for k in refused if write.search(k)]
 
 
 hash_prefixes = st.from_regex(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}", fullmatch=True)
@@ -133,6 +149,7 @@ def test_a_publisher_writes_its_groups_events_and_summary_only(
         f"{prefix}.x{bucket}",
         f"{summary}.more",
         prefix,
+        f"{prefix}.1000.k",
     ]
     assert not [k for k in refused if write.search(k)]
 

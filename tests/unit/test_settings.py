@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbg.settings import (
+    PASSWORD_ENV,
     AdminConfig,
     BrokerSettings,
     ClientConfig,
@@ -391,3 +392,47 @@ def test_generated_documents_are_valid_toml() -> None:
         config = load_config(write(Path(directory), toml_document(document)), ClientConfig)
     assert config.client.id == 'a"\\\x7f\x00é'
     assert config.client.retry_backoff == 1e-05
+
+
+@pytest.mark.parametrize(
+    ("url", "user", "expected"),
+    [
+        ("amqp://pub@host", None, ("pub", "from-env")),
+        ("amqp://pub:in-url@host", None, ("pub", "in-url")),
+        ("amqp://host", "pub", ("pub", "from-env")),
+        ("amqp://other:in-url@host", "pub", ("pub", "from-env")),
+        ("nats://host:4222,nats://pub:x@h2", None, (None, None)),
+        ("amqp://host", None, (None, None)),
+    ],
+)
+def test_a_user_named_anywhere_takes_the_password_from_the_environment(
+    url: str, user: str | None, expected: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So no password need be on the command line, where `ps` shows it."""
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    assert BrokerSettings(url=url, user=user).login() == expected
+
+
+def test_credentials_in_admin_url_leave_it_and_are_masked_in_errors() -> None:
+    settings = BrokerSettings(admin_url="http://adm:p%40ss@mq:15672/api")
+    assert settings.admin_login() == ("http://mq:15672/api", "adm", "p@ss")
+    assert BrokerSettings(admin_url="http://mq:15672", admin_user="a").admin_login()[:2] == (
+        "http://mq:15672",
+        "a",
+    )
+    with pytest.raises(ValueError) as caught:
+        BrokerSettings(url="bogus://u:pw@h", admin_url="ftp://a:pw@h").validate()
+    assert "pw" not in str(caught.value)
+    with pytest.raises(ValueError) as caught:
+        BrokerSettings(admin_url="ftp://a:pw@h").validate()
+    assert str(caught.value) == 'admin_url: expected http(s)://<host>[:port]; got "ftp://a:***@h"'
+
+
+def test_rabbitmq_logs_in_as_the_url_user_with_the_password_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lbg.broker.rabbitmq.adapter import amqp_url
+
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    url = amqp_url(BrokerSettings(url="amqp://cu@mq:5672/%2F"))
+    assert (url.user, url.password, url.host) == ("cu", "from-env", "mq")

@@ -35,7 +35,7 @@ from solace.messaging.receiver._impl._inbound_message import _InboundMessage
 from solace.messaging.receiver.inbound_message import InboundMessage
 from solace.messaging.resources.topic import Topic
 
-from lbg.broker.base import BrokerError, PublishError, UndeliverableKey
+from lbg.broker.base import BrokerError, PublishError, UndeliverableEvent, UndeliverableKey
 from lbg.broker.solace import adapter
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.destinations import Destination, OutputKind, event_destination, output_destination
@@ -296,7 +296,8 @@ def test_a_pending_receipt_is_forgotten_however_the_publish_ends() -> None:
 def test_publish_turns_the_apis_refusals_into_publish_errors(connected: MessagingService) -> None:
     """The API refuses bad input with ValueError and TypeError subclasses, not only with
     PubSubPlusClientError; each becomes a PublishError naming the topic. A topic over Solace's
-    250 bytes is refused before the API sees it, as a key that cannot travel in a topic."""
+    250 bytes is refused before the API sees it, as a key that cannot travel in a topic, and
+    an event over the queues' max-msg-size as one no queue would keep."""
 
     async def scenario() -> None:
         broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
@@ -307,6 +308,9 @@ def test_publish_turns_the_apis_refusals_into_publish_errors(connected: Messagin
                 PublishError, match=r"'hp/0/k' not sent: 'utf-8' codec can't encode .*surrogates"
             ):
                 await broker.publish(event_destination("hp", 0, "k"), b"body", {"h": "\udc80"})
+            with pytest.raises(UndeliverableEvent, match="exceeds the queues' max-msg-size"):
+                big = b"x" * adapter.MAX_MESSAGE_BYTES
+                await broker.publish(event_destination("hp", 0, "k"), big, {"h": "v"})
         finally:
             await broker.close()
 

@@ -222,20 +222,31 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
         """Provision queues, buckets and output destinations and store the config.
 
         Raises GroupExists naming the first clash; creates nothing in that case. Where the
         broker keeps users, the client identity (CU) gets access to this group only, and is
-        created with `client_password` if it does not exist.
+        created with `client_password` if it does not exist; an existing user that cg-admin
+        did not make a CU is refused unless `force`.
         """
 
     async def grant_publisher(
-        self, group: str, config: GroupConfig, user: str, password: str | None
+        self,
+        group: str,
+        config: GroupConfig,
+        user: str,
+        password: str | None,
+        force: bool = False,
     ) -> None:
         """Let `user` publish the group's events and summary and nothing else, creating it
-        with `password` if it does not exist; only brokers that keep users do this."""
+        with `password` if it does not exist; an existing user that cg-admin did not make a
+        publisher is refused unless `force`. Only brokers that keep users do this."""
         raise BrokerError(self._publisher_users_hint())
 
     async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:

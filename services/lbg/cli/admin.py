@@ -137,6 +137,12 @@ def _connection_flags_here_too(command: click.Command) -> None:
     help=f"RabbitMQ / Solace: create the CU user with this password if it does not exist "
     f"(else ${CLIENT_PASSWORD_ENV}; with neither, an existing CU only gets permissions).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="RabbitMQ: take over an existing user that cg-admin did not create (its other"
+    " tags stay; its permissions are replaced).",
+)
 @click.pass_context
 def create(
     ctx: click.Context,
@@ -146,6 +152,7 @@ def create(
     priority_timeout: float | None,
     if_not_exists: bool,
     client_password_file: TextIO | None,
+    force: bool,
     **fields: object,
 ) -> None:
     """Create a group; refuses, naming the clash, if any of its objects exists."""
@@ -164,6 +171,13 @@ def create(
         group_name = validate_group_name(g.name)
         if from_json is not None:
             config = GroupConfig.from_json(from_json)
+            if "CP" in orjson.loads(from_json):
+                click.echo(
+                    "cg-admin: warning: --from-json: CP (the client password) is dropped, never"
+                    " stored, but it was visible in the process list: change it, and give it"
+                    f" with --client-password-file or ${CLIENT_PASSWORD_ENV}",
+                    err=True,
+                )
         else:
             config = GroupConfig(
                 hash_prefix=g.hash_prefix,
@@ -180,7 +194,7 @@ def create(
 
     async def action(broker: Broker) -> int:
         try:
-            await broker.create_group(group_name, config, client_password)
+            await broker.create_group(group_name, config, client_password, force=force)
         except GroupExists as exc:
             existing = (await broker.list_groups()).get(group_name)
             if if_not_exists and existing == config:
@@ -299,9 +313,15 @@ def resize(ctx: click.Context, group: str, queue_count: int) -> None:
     help=f"Create the user with this password if it does not exist "
     f"(else ${PUBLISHER_PASSWORD_ENV}; with neither, the user must exist).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="RabbitMQ: take over an existing user that cg-admin did not create (its other"
+    " tags stay; its permissions are replaced).",
+)
 @click.pass_context
 def grant_publisher(
-    ctx: click.Context, group: str, user: str, password_file: TextIO | None
+    ctx: click.Context, group: str, user: str, password_file: TextIO | None, force: bool
 ) -> None:
     """RabbitMQ / Solace: let USER publish the group's events and summary and nothing else."""
     if password_file is not None:
@@ -314,7 +334,7 @@ def grant_publisher(
 
     async def action(broker: Broker) -> int:
         config = await broker.read_group(group)
-        await broker.grant_publisher(group, config, user, password)
+        await broker.grant_publisher(group, config, user, password, force=force)
         click.echo(
             f"user '{user}' may publish to group '{group}': its events"
             f" ({config.hash_prefix}/...) and its summary"

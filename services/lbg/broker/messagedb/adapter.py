@@ -206,8 +206,13 @@ class MessageDbBroker(Broker):
         return groups
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
+        """The roles are PostgreSQL's: `client_password` and `force` are not used here."""
         try:
             naming.check_layout(config)
         except naming.LayoutError as exc:
@@ -351,7 +356,8 @@ class MessageDbBroker(Broker):
             )
         except TimeoutError:
             raise PublishError(f"no confirm for '{destination}' in time") from None
-        except asyncpg.DataError as exc:
+        except (asyncpg.DataError, asyncpg.ProgramLimitExceededError) as exc:
+            # Bad data, or a body over PostgreSQL's size limits: retrying cannot help.
             raise UndeliverableEvent(f"'{destination}' refused: {_reason(exc)}") from None
         except DB_ERRORS as exc:
             self._connection_lost(exc)

@@ -1,8 +1,9 @@
 """NATS JetStream behind the broker interface.
 
-Per group: one stream over `<HP>.>` (the events), one stream over `_lbg.<group>.>` (the
-validation, dead-letter and summary outputs), one durable pull consumer per queue filtered
-to its buckets, and the group config in the KV bucket `lbg_groups` (the JNDI analogue).
+Per group: one stream over `<HP>.<b>.>` for each bucket b < HC (the events), one stream over
+`_lbg.<group>.>` (the validation, dead-letter and summary outputs), one durable pull consumer
+per queue filtered to its buckets, and the group config in the KV bucket `lbg_groups` (the
+JNDI analogue).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
@@ -72,6 +74,8 @@ ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
+INBOX_ROOT = "_INBOX"
+SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
@@ -99,9 +103,25 @@ def message_id(target: str, headers: Mapping[str, str], body: bytes) -> str:
     return digest.hexdigest()
 
 
+def header_bytes(headers: Mapping[str, str]) -> int:
+    """How many bytes the headers add to a message: nats-server counts them in max_payload,
+    and closes the connection of a client that exceeds it."""
+    if not headers:
+        return 0
+    lines = (len(f"{name}: {value}\r\n".encode()) for name, value in headers.items())
+    return len(b"NATS/1.0\r\n\r\n") + sum(lines)
+
+
 def control_subject(group: str) -> str:
     """Core NATS subject of the group's membership heartbeats (kept out of every stream)."""
     return f"{CONTROL_PREFIX}.{group}.members"
+
+
+def inbox_prefix(user: str | None) -> str:
+    """Where `user`'s replies (API answers, publish acks, pulled messages) arrive:
+    `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
+    Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
+    return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
 
 
 def consumer_name(queue: int) -> str:
@@ -168,15 +188,19 @@ async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionL
     Once connected, the client reconnects by itself for as long as it runs. TLS (tls://, or
     any tls_* key) verifies the server against `tls_ca_file`, else the system's CAs.
     """
+    user, password = settings.login()
+    if password is None:
+        user = None  # nats-py reads a URL's lone user as a token
     try:
         nc = await asyncio.wait_for(
             nats.connect(
                 servers=settings.url.split(","),
                 name=name,
-                user=settings.user,
-                password=settings.secret() if settings.user else None,
+                user=user,
+                password=password,
                 token=settings.token,
                 tls=client_context(settings) if wants_tls(settings) else None,
+                inbox_prefix=inbox_prefix(user),
                 connect_timeout=min(2.0, settings.connect_timeout),
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
@@ -274,9 +298,14 @@ class NatsBroker(Broker):
                 raise GroupExists(f"hash prefix '{prefix}' is already used by group '{other_name}'")
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
-        """NATS users live in the server's own config: `client_password` is not used here."""
+        """NATS users live in the server's own config: `client_password` and `force` are not
+        used here."""
         await self._check_clashes(name, config)
         created: list[str] = []
         try:
@@ -284,7 +313,9 @@ class NatsBroker(Broker):
                 created,
                 StreamConfig(
                     name=events_stream(name),
-                    subjects=[f"{config.hash_prefix}.>"],
+                    # One subject per bucket: an event to a bucket outside HC is refused
+                    # (no stream answers), rather than stored where no queue reads it.
+                    subjects=[f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)],
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
@@ -411,12 +442,20 @@ class NatsBroker(Broker):
         all_headers = dict(headers or {})
         if destination.levels[0] != SYSTEM_PREFIX and MSG_ID_HEADER not in all_headers:
             all_headers[MSG_ID_HEADER] = message_id(target, all_headers, body)
+        size = len(body) + header_bytes(all_headers)
+        if size > self._nc.max_payload:
+            raise UndeliverableEvent(
+                f"event of {size} bytes (body and headers) exceeds the server's max_payload"
+                f" of {self._nc.max_payload} bytes"
+            )
         try:
             acked = await self._js.publish_async(target, body, headers=all_headers or None)
             async with asyncio.timeout(PUBLISH_TIMEOUT):
                 await acked
         except (NoRespondersError, NoStreamResponseError):
-            raise PublishError(f"no stream captures '{target}' (does the group exist?)") from None
+            raise PublishError(
+                f"no stream captures '{target}' (does the group exist? is the bucket < HC?)"
+            ) from None
         except (NatsTimeoutError, TimeoutError):
             refused = self._events.refusal(target)
             raise PublishError(refused or f"no acknowledgement for '{target}' in time") from None

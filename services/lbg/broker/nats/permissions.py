@@ -10,7 +10,10 @@ The server holds the users (NATS has no API to create them), so this renders the
 - publisher: publish the group's events `<HP>.>` and its summary, read the group config.
 - client (the group's CU): pull from, ack, unpin and reset the group's consumers only, write
   its queues' owner records, publish validation and dead-letter records and heartbeats.
-Both read replies on `_INBOX.>` (JetStream API answers, publish acks, pulled messages).
+Each reads replies (JetStream API answers, publish acks, pulled messages) only on its own
+inbox prefix `_INBOX.<user>` (the adapter connects with it), never on another user's.
+The client may RESET its consumers because it needs to: on becoming pinned it rewinds the
+consumer to its ack floor, so the previous owner's unacknowledged events come first, in order.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from lbg.broker.nats.adapter import (
     CONFIG_BUCKET,
     CONTROL_PREFIX,
     OWNERS_BUCKET,
+    SUBJECT_TOKEN,
     events_stream,
+    inbox_prefix,
 )
 from lbg.destinations import SYSTEM_PREFIX, OutputKind
 
-INBOX = "_INBOX.>"
 ADMIN_USER = "lbg-admin"
 PUBLISHER_USER = "lbg-publisher"
 CLIENT_USER = "lbg-client"
@@ -43,17 +47,22 @@ def read_config_subjects(group: str) -> list[str]:
     ]
 
 
-def publisher_permissions(group: str, hash_prefix: str) -> dict[str, Any]:
-    """The group's events and its summary; nothing else, and no subscription but replies."""
+def replies(user: str) -> str:
+    """The subscription that reads `user`'s replies and nobody else's."""
+    return f"{inbox_prefix(user)}.>"
+
+
+def publisher_permissions(group: str, hash_prefix: str, user: str) -> dict[str, Any]:
+    """The group's events and its summary; nothing else, and no subscription but its replies."""
     publish = [
         f"{hash_prefix}.>",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.SUMMARY.value}",
         *read_config_subjects(group),
     ]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [INBOX]}}
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user)]}}
 
 
-def client_permissions(group: str) -> dict[str, Any]:
+def client_permissions(group: str, user: str) -> dict[str, Any]:
     """The group's consumers, owner records, outputs and heartbeats; never its events."""
     stream = events_stream(group)
     control = f"{CONTROL_PREFIX}.{group}.>"
@@ -68,7 +77,7 @@ def client_permissions(group: str) -> dict[str, Any]:
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.DEAD.value}",
         control,
     ]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [INBOX, control]}}
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user), control]}}
 
 
 def authorization_block(
@@ -78,11 +87,28 @@ def authorization_block(
     publisher_user: str = PUBLISHER_USER,
     client_user: str = CLIENT_USER,
 ) -> str:
-    """A nats-server `authorization { users = [...] }` block; passwords as $VARIABLES."""
+    """A nats-server `authorization { users = [...] }` block; passwords as $VARIABLES.
+
+    Every name must be one subject token: a wildcard or a dot would widen the permissions
+    (`--group '*'`) or let one user's inbox prefix cover another's."""
+    names = {
+        "group": group,
+        "hash prefix": hash_prefix,
+        "admin user": admin_user,
+        "publisher user": publisher_user,
+        "client user": client_user,
+    }
+    for what, value in names.items():
+        if not SUBJECT_TOKEN.fullmatch(value):
+            raise ValueError(f"{what}: expected letters, digits, '-' or '_', got {value!r}")
     users = [
         (admin_user, "LBG_NATS_ADMIN_PASSWORD", None),
-        (publisher_user, "LBG_NATS_PUBLISHER_PASSWORD", publisher_permissions(group, hash_prefix)),
-        (client_user, "LBG_NATS_CLIENT_PASSWORD", client_permissions(group)),
+        (
+            publisher_user,
+            "LBG_NATS_PUBLISHER_PASSWORD",
+            publisher_permissions(group, hash_prefix, publisher_user),
+        ),
+        (client_user, "LBG_NATS_CLIENT_PASSWORD", client_permissions(group, client_user)),
     ]
     lines = [
         f"# lbg group '{group}' (hash prefix '{hash_prefix}'): users with least privilege.",
@@ -110,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publisher-user", default=PUBLISHER_USER)
     parser.add_argument("--client-user", default=CLIENT_USER, help="the group's CU")
     args = parser.parse_args(argv)
-    sys.stdout.write(
-        authorization_block(
+    try:
+        block = authorization_block(
             args.group, args.hash_prefix, args.admin_user, args.publisher_user, args.client_user
         )
-    )
+    except ValueError as exc:
+        parser.error(str(exc))
+    sys.stdout.write(block)
     return 0
 
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
@@ -38,6 +39,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
@@ -64,13 +66,16 @@ PUBLISHER_TAG = "lbg-publisher"
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
 _EXCHANGE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)$")
+_NOT_OURS = "that cg-admin did not give"
+_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d+", re.I)
 
 
 def amqp_url(settings: BrokerSettings) -> URL:
     """The broker URL with credentials from settings and a short heartbeat unless it sets one."""
     url = URL(settings.url)
-    if settings.user:
-        url = url.with_user(settings.user).with_password(settings.secret() or "")
+    user, password = settings.login()
+    if user:
+        url = url.with_user(user).with_password(password or "")
     if "heartbeat" not in url.query:
         url = url.update_query(heartbeat=DEFAULT_HEARTBEAT)
     return url
@@ -229,9 +234,10 @@ class RabbitBroker(Broker):
         """The management API, from admin_url (default: the broker host on port 15672)."""
         if self._management is None:
             settings = self._settings
-            base = settings.admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
-            user = settings.admin_user or self._url.user or "guest"
-            password = settings.admin_secret() or self._url.password or "guest"
+            admin_url, admin_user, admin_password = settings.admin_login()
+            base = admin_url or f"http://{self._url.host}:{MANAGEMENT_PORT}"
+            user = admin_user or self._url.user or "guest"
+            password = admin_password or self._url.password or "guest"
             self._management = ManagementApi(base, user, password, https_verify(settings))
         return self._management
 
@@ -301,7 +307,11 @@ class RabbitBroker(Broker):
                 )
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
         await self._check_clashes(name, config)
         channel = await self._open_channel(confirms=True)
@@ -344,7 +354,12 @@ class RabbitBroker(Broker):
                 ),
                 stored.name,
             )
-            await self._grant_client(config.client_username, client_password, extra=name)
+            policy, body = topology.member_queue_policy(name)
+            await self._api().put(self._policy_path(policy), body)
+            created.append(("policy", policy))
+            await self._grant_client(
+                config.client_username, client_password, extra=name, force=force
+            )
         except (AMQPError, BrokerError, DeliveryError) as exc:
             await self._undo(created)
             raise BrokerError(f"cannot create group '{name}': {exc}") from None
@@ -353,13 +368,18 @@ class RabbitBroker(Broker):
                 await channel.close()
         self._prefixes[config.hash_prefix] = name
 
+    def _policy_path(self, policy: str) -> str:
+        return f"/policies/{path_segment(self._vhost)}/{path_segment(policy)}"
+
     async def _undo(self, created: list[tuple[str, str]]) -> None:
         """Delete what a failed create made, newest first."""
         channel = await self._open_channel()
         try:
             for kind, object_name in reversed(created):
                 with contextlib.suppress(Exception):
-                    if kind == "queue":
+                    if kind == "policy":
+                        await self._api().delete(self._policy_path(object_name))
+                    elif kind == "queue":
                         await channel.queue_delete(object_name)
                     else:
                         await channel.exchange_delete(object_name)
@@ -368,12 +388,18 @@ class RabbitBroker(Broker):
                 await channel.close()
 
     async def _grant_client(
-        self, user: str, password: str | None, extra: str | None = None, without: str = ""
+        self,
+        user: str,
+        password: str | None,
+        extra: str | None = None,
+        without: str = "",
+        force: bool = False,
     ) -> None:
         """Give the client identity access to exactly the groups it serves.
 
         The user is created (tagged `lbg-client`) when a password is given and it does not
-        exist; a user left with no group loses its permissions, and is deleted if we made it.
+        exist; an existing user that is not such a CU is refused for a new group unless
+        `force`; a user left with no group loses its permissions, and is deleted if we made it.
         """
         api = self._api()
         users = path_segment(user)
@@ -391,6 +417,10 @@ class RabbitBroker(Broker):
                 return
             await api.put(f"/users/{users}", {"password": password, "tags": CLIENT_TAG})
         groups = {g for g, c in (await self.list_groups()).items() if c.client_username == user}
+        if record is not None and extra and not force:
+            served = groups - {extra}  # the new group's config is stored already
+            expected = topology.client_permissions(sorted(served)) if served else None
+            await self._refuse_foreign(user, record, CLIENT_TAG, expected, served)
         if extra:
             groups.add(extra)
         groups.discard(without)
@@ -409,15 +439,24 @@ class RabbitBroker(Broker):
             await api.delete(f"/users/{users}")
 
     async def grant_publisher(
-        self, group: str, config: GroupConfig, user: str, password: str | None
+        self,
+        group: str,
+        config: GroupConfig,
+        user: str,
+        password: str | None,
+        force: bool = False,
     ) -> None:
         """Create the publisher user (tagged `lbg-publisher`) if needed, then put the group's
         topic permission before the vhost permissions, so the user never holds write access to
-        an exchange without its routing-key limit; a failure undoes what this run added."""
+        an exchange without its routing-key limit; a failure undoes what this run added.
+        An existing user with other tags or permissions is refused unless `force`."""
         api = self._api()
         users = path_segment(user)
         record = await self._publisher_record(user)
         groups = await self._publisher_groups(user)
+        if record is not None and not force:
+            expected = topology.publisher_permissions(sorted(groups)) if groups else None
+            await self._refuse_foreign(user, record, PUBLISHER_TAG, expected, groups)
         if record is None:
             if password is None:
                 raise BrokerError(
@@ -449,6 +488,8 @@ class RabbitBroker(Broker):
         groups = await self._publisher_groups(user)
         if record is None or group not in groups:
             raise BrokerError(f"user '{user}' is not a publisher of group '{group}'")
+        expected = topology.publisher_permissions(sorted(groups))
+        await self._refuse_foreign(user, record, PUBLISHER_TAG, expected, groups, False)
         groups.discard(group)
         permissions = f"/permissions/{path_segment(self._vhost)}/{users}"
         if groups:
@@ -476,6 +517,44 @@ class RabbitBroker(Broker):
             )
         return record
 
+    async def _refuse_foreign(
+        self,
+        user: str,
+        record: dict,
+        tag: str,
+        expected: dict[str, str] | None,
+        groups: set[str],
+        check_tags: bool = True,
+    ) -> None:
+        """BrokerError unless cg-admin made `user` what it is: tagged `tag` alone (cg-admin
+        created it), or (taken over with --force before) untagged, serving `groups`, with
+        `expected` vhost permissions (None: none) and topic permissions on the exchanges of
+        `groups` only; `check_tags` False accepts any tags. Replacing or deleting anything
+        else would take over (or wipe) a user someone else manages, such as an
+        administrator."""
+        tags = record.get("tags") or []
+        tags = [t for t in tags.split(",") if t] if isinstance(tags, str) else list(tags)
+        if tags == [tag]:
+            return
+        reasons = []
+        if check_tags and (tags or not groups):
+            reasons.append(f"has tags {tags}" if tags else f"has no '{tag}' tag")
+        api, users = self._api(), path_segment(user)
+        for entry in await api.get(f"/users/{users}/permissions") or []:
+            wanted = expected if entry.get("vhost") == self._vhost else None
+            if wanted is None or any(entry.get(k) != v for k, v in wanted.items()):
+                reasons.append(f"has permissions on vhost '{entry.get('vhost')}' {_NOT_OURS}")
+        for entry in await api.get(f"/users/{users}/topic-permissions") or []:
+            matched = _EXCHANGE.match(entry.get("exchange", ""))
+            if entry.get("vhost") != self._vhost or not matched or matched.group(1) not in groups:
+                reasons.append(f"has a topic permission on '{entry.get('exchange')}' {_NOT_OURS}")
+        if reasons:
+            hint = " (--force to take it over)" if check_tags else ""
+            raise BrokerError(
+                f"user '{user}' exists and {'; '.join(reasons)}:"
+                f" refusing to change a user cg-admin does not manage{hint}"
+            )
+
     async def _publisher_groups(self, user: str) -> set[str]:
         """The groups whose exchange the user has a topic permission on."""
         try:
@@ -502,6 +581,8 @@ class RabbitBroker(Broker):
             with contextlib.suppress(Exception):
                 await channel.close()
         self._prefixes.pop(config.hash_prefix, None)
+        with contextlib.suppress(NotFound):
+            await self._api().delete(self._policy_path(topology.member_queue_policy(name)[0]))
         await self._grant_client(config.client_username, None, without=name)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
@@ -555,6 +636,11 @@ class RabbitBroker(Broker):
             raise PublishError(f"'{key}' rejected by the broker: {_delivery_reason(exc)}") from None
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise PublishError(f"exchange '{exchange_name}' does not exist") from None
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            too_large = _TOO_LARGE.search(str(exc))
+            if too_large:  # over the node's max_message_size: retrying cannot help
+                raise UndeliverableEvent(f"'{key}' refused: {too_large.group(0)}") from None
+            raise PublishError(f"'{key}' not confirmed: {exc}") from None
         except TimeoutError:
             raise PublishError(f"no confirm for '{key}' in time") from None
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
@@ -625,7 +711,13 @@ class RabbitBroker(Broker):
     async def _control_queue(self, group: str, handler: Callable[[bytes], None]) -> AbstractChannel:
         """A private queue bound to the group's heartbeats, consumed on its own channel."""
         channel = await self._open_channel()
-        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        name = topology.member_queue_name(group, uuid.uuid4().hex)
+        try:
+            queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        except aiormq.exceptions.ChannelAccessRefused:
+            # A CU granted by an older cg-admin may declare server-named queues only.
+            channel = await self._open_channel()
+            queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(topology.exchange_name(group), topology.control_routing_key(group))
 
         async def deliver(message: AbstractIncomingMessage) -> None:

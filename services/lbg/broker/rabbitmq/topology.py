@@ -26,6 +26,8 @@ from lbg.group import GroupConfig
 CONTROL_PREFIX = "_lbgctl"
 MAX_ROUTING_KEY_BYTES = 255
 OUTPUT_MAX_BYTES = 1024**3
+MEMBER_QUEUE_EXPIRES_MS = 60_000
+MEMBER_QUEUE_MAX = 1000
 
 
 def exchange_name(group: str) -> str:
@@ -43,6 +45,26 @@ def output_queue_name(group: str) -> str:
 def config_queue_name(group: str) -> str:
     """The one-message stream holding the group's JSON (the JNDI analogue)."""
     return f"lbg.{group}.config"
+
+
+def member_queue_name(group: str, member: str) -> str:
+    """A client's private heartbeat queue (exclusive, auto-delete): named in the group, so the
+    CU may declare these only, never a server-named `amq.gen-` queue of any kind."""
+    return f"lbg.{group}.member.{member}"
+
+
+def member_queue_policy(group: str) -> tuple[str, dict[str, object]]:
+    """The policy cg-admin puts on the group's member queues: one the CU declares durable and
+    shared instead still goes a minute after its last consumer, and holds few messages."""
+    return (
+        f"lbg.{group}.members",
+        {
+            "pattern": f"^{re.escape(f'lbg.{group}.member.')}",
+            "apply-to": "queues",
+            "priority": 0,
+            "definition": {"expires": MEMBER_QUEUE_EXPIRES_MS, "max-length": MEMBER_QUEUE_MAX},
+        },
+    )
 
 
 def control_routing_key(group: str) -> str:
@@ -104,10 +126,12 @@ def output_arguments() -> dict[str, object]:
 
 def client_permissions(groups: list[str]) -> dict[str, str]:
     """Least privilege for a client identity serving `groups`: consume and bind only their
-    queues, publish only to their exchanges, and declare only its private heartbeat queues."""
+    queues, publish only to their exchanges, and declare only its private heartbeat queues.
+    It may purge its queues (RabbitMQ ties purge to read, which consuming needs): no more
+    than consuming and acking everything could do."""
     escaped = "|".join(re.escape(exchange_name(g)) for g in sorted(groups))
     mine = rf"(?:{escaped})"
-    private = r"amq\.gen-.*"
+    private = rf"{mine}\.member\.[0-9a-f]+"
     return {
         "configure": f"^{private}$",
         "write": f"^(?:{mine}|{private})$",
@@ -117,14 +141,19 @@ def client_permissions(groups: list[str]) -> dict[str, str]:
 
 def client_topic_permissions(group: str) -> dict[str, str]:
     """Topic authorisation on the group's exchange: write access to it would also let the
-    client publish events, so its routing keys are limited to the group's outputs and
-    heartbeats, and its bindings to the heartbeats."""
-    outputs = re.escape(f"{SYSTEM_PREFIX}.{group}.")
-    control = re.escape(f"{CONTROL_PREFIX}.{group}.")
+    client publish events, so its routing keys are limited to the group's validation and
+    dead-letter outputs, heartbeats and owner claims (not the publishers' summary), and its
+    bindings to the heartbeats."""
+    outputs = "|".join(
+        re.escape(routing_key(output_destination(group, kind)))
+        for kind in (OutputKind.VALIDATION, OutputKind.DEAD)
+    )
+    control = re.escape(control_routing_key(group))
+    claims = re.escape(f"{CONTROL_PREFIX}.{group}.owners.") + r"[0-9]+"
     return {
         "exchange": exchange_name(group),
-        "write": f"^(?:{outputs}|{control})",
-        "read": f"^{control}",
+        "write": f"^(?:{outputs}|{control}|{claims})$",
+        "read": f"^{control}$",
     }
 
 
@@ -141,11 +170,13 @@ def publisher_permissions(groups: list[str]) -> dict[str, str]:
 def publisher_topic_permissions(group: str, config: GroupConfig) -> dict[str, str]:
     """Topic authorisation on the group's exchange for a publisher: its routing keys are the
     group's events (`<HP>.<bucket>[.<key>]`) and its summary output, nothing else (no
-    validation or dead-letter records, no heartbeats); it binds nothing."""
+    validation or dead-letter records, no heartbeats); it binds nothing. Only the group's
+    buckets (0 to HC-1) are allowed: an event to another one would be routed nowhere."""
     events = re.escape(level_token(config.hash_prefix))
+    buckets = "|".join(str(bucket) for bucket in range(config.hash_count))
     summary = re.escape(routing_key(output_destination(group, OutputKind.SUMMARY)))
     return {
         "exchange": exchange_name(group),
-        "write": rf"^(?:{events}\.[0-9]+(?:\..*)?|{summary})$",
+        "write": rf"^(?:{events}\.(?:{buckets})(?:\..*)?|{summary})$",
         "read": "^$",
     }

@@ -71,6 +71,7 @@ from lbg.broker.base import (
     QueueBinding,
     QueueStatus,
     StateListener,
+    UndeliverableEvent,
     UndeliverableKey,
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
@@ -100,6 +101,9 @@ BROWSE_BATCH = 500
 BROWSE_WAIT_MS = 500
 ACTIVE_FLOW = "active-consumer"
 MAX_TOPIC_BYTES = 250
+# The queues' max-msg-size (Solace's default, which cg-admin leaves): a bigger message is
+# discarded by each queue, so it is refused before it is sent.
+MAX_MESSAGE_BYTES = 10_000_000
 DEFAULT_USERNAME = "default"
 _TOPIC_UNSAFE = re.compile(r"[%/*>\x00-\x20\x7f]")
 
@@ -466,21 +470,25 @@ class SolaceBroker(Broker):
         """The SEMP side: groups live in JNDI objects that only SEMP can read."""
         if self._semp is None:
             settings = self._settings
-            if not settings.admin_url:
+            admin_url, admin_user, admin_password = settings.admin_login()
+            if not admin_url:
                 raise BrokerError(
                     "broker admin_url is not set: on Solace the group configs live in JNDI"
                     " objects that are read over SEMP (e.g. https://broker:1943)"
                 )
-            user = settings.admin_user or settings.user or "admin"
-            password = settings.admin_secret() or settings.secret() or ""
-            self._semp = SempClient(
-                settings.admin_url, user, password, verify=https_verify(settings)
-            )
+            user = admin_user or settings.user or "admin"
+            password = admin_password or settings.secret() or ""
+            self._semp = SempClient(admin_url, user, password, verify=https_verify(settings))
         return Provisioner(self._semp, self._settings.vpn)
 
     async def create_group(
-        self, name: str, config: GroupConfig, client_password: str | None = None
+        self,
+        name: str,
+        config: GroupConfig,
+        client_password: str | None = None,
+        force: bool = False,
     ) -> None:
+        """`force` is not used: SEMP refuses a username with other profiles regardless."""
         if config.replicas != 1:
             raise BrokerError(
                 f"RF (replicas) {config.replicas}: Solace keeps copies by its high-availability"
@@ -489,8 +497,14 @@ class SolaceBroker(Broker):
         await self._admin().create_group(name, config, client_password)
 
     async def grant_publisher(
-        self, group: str, config: GroupConfig, user: str, password: str | None
+        self,
+        group: str,
+        config: GroupConfig,
+        user: str,
+        password: str | None,
+        force: bool = False,
     ) -> None:
+        """`force` is not used: SEMP refuses a username with other profiles regardless."""
         await self._admin().grant_publisher(group, config, user, password)
 
     async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
@@ -513,6 +527,14 @@ class SolaceBroker(Broker):
         self, destination: Destination, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
         target = topic_name(destination)
+        size = len(body) + sum(
+            len(f"{k}{v}".encode(errors="replace")) for k, v in (headers or {}).items()
+        )
+        if size > MAX_MESSAGE_BYTES:
+            raise UndeliverableEvent(
+                f"'{target}': event of {size} bytes (body and headers) exceeds the queues'"
+                f" max-msg-size of {MAX_MESSAGE_BYTES} bytes"
+            )
         with self._receipts.expect(target) as (key, receipt):
             try:
                 message = outbound_message(self._service, body, headers)
