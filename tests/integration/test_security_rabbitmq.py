@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import ssl
 import subprocess
 import uuid
@@ -133,7 +134,7 @@ def test_the_connection_error_names_the_url_without_its_password() -> None:
     with pytest.raises(BrokerError) as caught:
         asyncio.run(connect_broker(settings, "x"))
     assert secret not in str(caught.value)
-    assert "cannot connect to amqps://lbg@127.0.0.1:" in str(caught.value)
+    assert re.search(r"cannot connect to amqps://lbg(:\*+)?@127\.0\.0\.1:", str(caught.value))
 
 
 def test_an_oversized_event_is_refused_as_bad_input_and_counted(
