@@ -303,6 +303,29 @@ def test_a_foreign_message_db_writer_reaches_the_handler_in_order_through_failur
     assert_in_order_and_complete(events, records)
 
 
+def run_example(
+    script: str, url: str, group: str, *python_flags: str
+) -> subprocess.CompletedProcess[str]:
+    """Run one of examples/ against the test's broker and group, for 20 events."""
+    return subprocess.run(
+        [
+            sys.executable,
+            *python_flags,
+            EXAMPLES / script,
+            "--url",
+            url,
+            "--group",
+            group,
+            "--count",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
 def test_the_example_producer_needs_nothing_of_lbg(
     make_group,
     deployment: LocalDeployment,
@@ -314,23 +337,7 @@ def test_the_example_producer_needs_nothing_of_lbg(
         pytest.skip("the example producer speaks NATS")
     make_group()
     wait_for_log(start_member(deployment, "client-a"), "joined")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            EXAMPLES / "foreign_producer.py",
-            "--url",
-            broker.url,
-            "--group",
-            group_name,
-            "--count",
-            "20",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_example("foreign_producer.py", broker.url, group_name, "-I")
     assert result.returncode == 0, result.stderr
     records = wait_for_records(recording, 20, timeout=20)
     assert len(records) == 20
@@ -347,22 +354,7 @@ def test_the_in_process_example_publishes_and_consumes(
     if broker.kind not in ("nats", "rabbitmq"):
         pytest.skip("the example takes a broker URL only")
     make_group()
-    result = subprocess.run(
-        [
-            sys.executable,
-            EXAMPLES / "in_process.py",
-            "--url",
-            broker.url,
-            "--group",
-            group_name,
-            "--count",
-            "20",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    result = run_example("in_process.py", broker.url, group_name)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("queue ")]
     assert len(lines) >= 20, result.stdout
