@@ -77,10 +77,6 @@ def test_a_partitioned_member_stops_before_its_successor_starts(
     cut_off_and_healed(broker, deployment, validate, store, partition)
 
 
-# In make test-slow until its rejoin is fixed (issue 27): in about one run in three the healed
-# static client-a never serves its primaries again (it rewinds them every 2 s and is never
-# pinned, so they stay unserved after the secondaries release them); it fails here then.
-@pytest.mark.slow
 def test_a_partitioned_static_client_stops_before_the_broker_moves_its_queues(
     broker: BrokerEndpoint,
     make_group,

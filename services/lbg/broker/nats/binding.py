@@ -82,6 +82,7 @@ class NatsQueueBinding(EpochBinding):
         self._wake = asyncio.Event()
         self._closed = False
         self._pull = _Pull()
+        self._rewind_due = False
         self._task = asyncio.create_task(self._pull_loop(), name=f"pull-{consumer}")
 
     @property
@@ -212,15 +213,19 @@ class NatsQueueBinding(EpochBinding):
                 await asyncio.sleep(min(self._expires, 0.5))
 
     async def _should_wait_in_background(self) -> bool:
-        """A non-preferred standby stays out of the way while the queue has a live owner.
+        """A non-preferred standby stays out of the way while the queue has a live owner or
+        another pull waits for it (its preferred client's, which must win the next pin).
 
         Only preferred bindings keep a standby pull waiting at all times, so a released
         queue goes to its preferred client; the others pull once the broker has unpinned
-        a silent owner, so the queue is still taken over when no preferred client is left.
+        a silent owner and no pull waits, so the queue is still taken over when no
+        preferred client is left.
         """
         if not self._pinned or self._preferred or self._active:
             return False
-        return await self.pinned_by() is not None
+        info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
+        pinned = any(g.get("pinned_client_id") for g in info.get("priority_groups") or [])
+        return pinned or info.get("num_waiting", 0) > 0
 
     async def _pull_once(self) -> None:
         pull = _Pull(remaining=PULL_BATCH, sent=time.monotonic())
@@ -241,20 +246,23 @@ class NatsQueueBinding(EpochBinding):
                 orjson.dumps(request),
                 reply=pull.subscription.subject,
             )
+            if self._rewind_due and self.waiting:
+                await self._rewind_orphans()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pull.done.wait(), self._expires * 1.5)
         finally:
             with contextlib.suppress(Exception):
                 await pull.subscription.unsubscribe()
+        self._rewind_due = pull.remaining == PULL_BATCH
         if pull.takeover_pin is not None and self._running.is_set() and not self._closed:
             await self._take_over(pull.takeover_pin)
-        elif pull.remaining == PULL_BATCH and self.waiting:
-            await self._rewind_orphans()
 
     async def _rewind_orphans(self) -> None:
         """Nobody owns the queue, yet deliveries wait unacked (an owner let go of messages it
         had been sent but never processed): rewind to the ack floor, so they are delivered
-        again, and this waiting pull pinned, now rather than after the ack wait."""
+        again, and this waiting pull pinned, now rather than after the ack wait. Done while
+        our pull is registered at the server (sent first on this connection), so the
+        rewound deliveries go to it and not to a pull that happens to be sent meanwhile."""
         info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
         groups = info.get("priority_groups") or []
         orphans = info.get("num_ack_pending", 0)
