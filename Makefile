@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay peak bench-replay
+.PHONY: demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -92,10 +92,16 @@ replay: $(STAMP)  ## Spark replay of the dataset into an embedded broker, client
 	@test -f $(DATASET) || $(MAKE) dataset
 	$(BIN)/python -m lbg.cli.replay_local $(DATASET) $(ARGS)
 
+spark-cluster: $(STAMP) $(JAVA)  ## a standalone Spark master and 2 workers on loopback (var/spark)
+	$(BIN)/lbg spark-cluster up $(ARGS)
+
+spark-cluster-down: $(STAMP)  ## stop what make spark-cluster started
+	$(BIN)/lbg spark-cluster down $(ARGS)
+
 peak: $(STAMP)  ## Locust peak load against an embedded broker; CSV, JSON and plot in var/peak/
 	$(BIN)/python loadtest/run_peak.py $(ARGS)
 
-bench-replay: $(STAMP)  ## Spark replay rows/s at local[2] against the raw hashed publisher
+bench-replay: $(STAMP) $(JAVA)  ## Spark replay rows/s at local[2] and on a 2-worker cluster against the raw hashed publisher
 	$(BIN)/python bench/replay.py $(ARGS)
 
 clean:

@@ -7,6 +7,7 @@ The group's own records (processed, summaries) are compact JSON (orjson).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -270,3 +271,20 @@ def decode_summary(body: bytes) -> Summary:
         return Summary(publisher=str(obj["p"]), last=last, part=int(obj["i"]), parts=int(obj["n"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise MalformedMessage(f"bad summary: {_show(exc)}") from None
+
+
+def event_digest(target: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    """16 bytes naming one event (destination, headers, body), for brokers that drop a second
+    copy of an id (JetStream's `Nats-Msg-Id`, Message DB's message id): a retried publish is
+    dropped, and only that. An event with its key's sequence (`Lbg-Seq`) is the same event
+    whenever it is sent, so its publish time is left out: a retried Spark task's republish,
+    stamped later, is dropped too. Without a sequence the time tells apart two events of one
+    key with the same body."""
+    digest = hashlib.blake2b(target.encode(), digest_size=16)
+    sequenced = SEQ_HEADER in headers
+    for name in sorted(headers):
+        if sequenced and name == TIME_HEADER:
+            continue
+        digest.update(b"\0" + name.encode() + b"\0" + headers[name].encode())
+    digest.update(b"\1" + body)
+    return digest.digest()

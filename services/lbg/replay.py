@@ -5,7 +5,8 @@ key's rows land in one Spark task, and sorted within each partition by the order
 the key (sorting by key first would leave one key in flight at a time); each task
 publishes its rows through the hashed publisher over its own broker connection. The per-key
 sequence is the row's rank within its key in that sorted partition, so a retried task sends
-the same (key, seq) pairs again: the validator counts them as duplicates, never as reorders.
+the same (key, seq) pairs again: brokers that deduplicate (NATS, Message DB) drop them, on the
+others the validator counts them as duplicates, never as reorders.
 
 Runnable as `spark-submit services/lbg/replay.py ...` as well as `lbg-replay ...`.
 """
@@ -115,6 +116,12 @@ class ReplayResult:
         return sum(p.keys for p in self.partitions)
 
     @property
+    def retried_tasks(self) -> int:
+        """Tasks that Spark ran again (a lost executor, a failed attempt): their rows were
+        published twice, the second time dropped by brokers that deduplicate."""
+        return sum(p.attempt > 0 for p in self.partitions)
+
+    @property
     def rate(self) -> float:
         """Acked rows per second of the Spark job."""
         return self.acked / self.elapsed if self.elapsed > 0 else 0.0
@@ -134,6 +141,7 @@ class ReplayResult:
             "rejected": self.rejected,
             "keys": self.keys,
             "partitions": len(self.partitions),
+            "retried_tasks": self.retried_tasks,
             "elapsed_s": round(self.elapsed, 3),
             "rate_per_s": round(self.rate, 1),
         }
@@ -501,7 +509,8 @@ def replay(
     result = ReplayResult(results, elapsed)
     echo(
         f"replay: {result.acked} of {result.rows} rows acked over {result.keys} keys in"
-        f" {elapsed:.1f} s ({result.rate:.0f} rows/s); {result.rejected} rejected"
+        f" {elapsed:.1f} s ({result.rate:.0f} rows/s); {result.rejected} rejected;"
+        f" {result.retried_tasks} tasks retried"
     )
     return result
 

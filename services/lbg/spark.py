@@ -1,8 +1,9 @@
 """A SparkSession that works from a bare venv here and on a real cluster, unchanged.
 
-Local masters get what this kind of machine needs (loopback driver, temp folders, the venv's
-Python for the workers, a quick-starting JVM); any other master keeps its own settings, and
-under spark-submit the master and config given there win.
+Local masters, and a standalone master on loopback (`lbg spark-cluster up`), get what this
+kind of machine needs (loopback driver, temp folders, the venv's Python for the workers, a
+quick-starting JVM); any other master keeps its own settings, and under spark-submit the
+master and config given there win.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[2]"
 APP_NAME = "lbg-replay"
+LOOPBACK = ("127.0.0.1", "localhost")
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -53,6 +56,11 @@ def console_to(path: Path) -> Iterator[None]:
         os.close(saved)
 
 
+def _on_this_machine(master: str) -> bool:
+    """local[N], or a standalone master on loopback (`lbg spark-cluster up`)."""
+    return master.startswith("local") or urlsplit(master).hostname in LOOPBACK
+
+
 def spark_session(master: str | None = None, app_name: str = APP_NAME) -> SparkSession:
     """The running session (spark-submit's), else a new one on `master` (default local[2])."""
     _quiet()
@@ -66,7 +74,7 @@ def spark_session(master: str | None = None, app_name: str = APP_NAME) -> SparkS
     chosen = master or SparkConf().get("spark.master", DEFAULT_MASTER)
     builder = SparkSession.builder.master(chosen).appName(app_name)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
-    if chosen.startswith("local"):
+    if _on_this_machine(chosen):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         scratch = tempfile.mkdtemp(prefix="lbg-spark-")
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)

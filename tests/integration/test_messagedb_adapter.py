@@ -14,6 +14,7 @@ from lbg.broker.messagedb import naming
 from lbg.destinations import event_destination
 from lbg.group import GroupConfig
 from lbg.local_brokers import BrokerEndpoint
+from lbg.messages import event_headers
 from lbg.settings import BrokerSettings
 
 CONFIG = GroupConfig("PREFIX", 8, 2)
@@ -155,5 +156,27 @@ def test_positions_are_a_message_db_position_stream(url: str) -> None:
             await conn.close()
         assert row["type"] == "Recorded"
         assert f'"position": {last}' in row["data"]
+
+    _run(url, scenario)
+
+
+def test_an_event_published_again_is_stored_once(url: str) -> None:
+    """A retried publish (a rerun Spark task: same key and sequence, a later publish time)
+    writes nothing more; the next sequence of the key is written."""
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        key = "order-1"
+        destination = event_destination(config.hash_prefix, config.bucket_for_key(key), key)
+        for seq, at in ((1, 10.0), (1, 99.0), (2, 99.5)):
+            await admin.publish(destination, b'{"step":1}', event_headers(seq, at))
+        conn = await asyncpg.connect(url, server_settings={"search_path": "message_store,public"})
+        try:
+            stream = naming.event_stream(config, config.bucket_for_key(key), key)
+            count = await conn.fetchval(
+                "SELECT count(*) FROM messages WHERE stream_name = $1", stream
+            )
+        finally:
+            await conn.close()
+        assert count == 2
 
     _run(url, scenario)

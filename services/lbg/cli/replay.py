@@ -80,8 +80,8 @@ def main(
     Rows are partitioned by the group's bucket function (read from the broker), so each key
     stays in one Spark task, and sorted by the order column; each task publishes its rows
     through the hashed publisher with broker acks. A key's seq is its row's rank within the
-    key, so a retried task repeats the same (key, seq): duplicates, never reorders. Exits 1
-    unless every row was acked.
+    key, so a retried task repeats the same (key, seq): dropped by NATS and Message DB,
+    duplicates elsewhere, never reorders. Exits 1 unless every row was acked.
     """
     setup_logging(verbose, quiet)
     overrides = {

@@ -33,6 +33,7 @@ from lbg.cli.common import (
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
+from lbg.cli.spark_cluster import spark_cluster
 from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 from lbg.local_brokers import LOCAL_BROKERS
 
@@ -415,5 +416,6 @@ def move(
 
 
 main.add_command(local)
+main.add_command(spark_cluster)
 main.add_command(autoscale)
 main.add_command(soak)

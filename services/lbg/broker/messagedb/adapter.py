@@ -40,7 +40,7 @@ from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
 from lbg.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.group import GroupConfig, GroupConfigError
-from lbg.messages import check_key
+from lbg.messages import check_key, event_digest
 from lbg.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -347,15 +347,24 @@ class MessageDbBroker(Broker):
             data, metadata = rows.encode(body, headers, as_json)
         except rows.BodyNotJson as exc:
             raise UndeliverableEvent(f"'{destination}': {exc}; Message DB data is jsonb") from None
+        message_id = (
+            uuid.UUID(bytes=event_digest(f"{stream}/{message_type}", headers, body))
+            if destination.levels[0] != SYSTEM_PREFIX
+            else uuid.uuid4()
+        )
         try:
             await asyncio.wait_for(
                 self.pool.execute(
-                    WRITE_SQL, str(uuid.uuid4()), stream, message_type, data, metadata, None
+                    WRITE_SQL, str(message_id), stream, message_type, data, metadata, None
                 ),
                 PUBLISH_TIMEOUT,
             )
         except TimeoutError:
             raise PublishError(f"no confirm for '{destination}' in time") from None
+        except asyncpg.UniqueViolationError:
+            # This very event is stored already (a retried publish, a rerun Spark task): the
+            # store keeps one copy, as JetStream does within its duplicate window.
+            log.debug("'%s': event %s already written", destination, message_id)
         except (asyncpg.DataError, asyncpg.ProgramLimitExceededError) as exc:
             # Bad data, or a body over PostgreSQL's size limits: retrying cannot help.
             raise UndeliverableEvent(f"'{destination}' refused: {_reason(exc)}") from None

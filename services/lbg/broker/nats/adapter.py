@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -58,6 +57,7 @@ from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.group import GroupConfig, GroupConfigError
+from lbg.messages import event_digest
 from lbg.settings import BrokerSettings
 from lbg.tls import client_context, wants_tls
 
@@ -91,16 +91,6 @@ def events_stream(group: str) -> str:
 
 def output_stream(group: str) -> str:
     return f"LBG_{group}_OUT"
-
-
-def message_id(target: str, headers: Mapping[str, str], body: bytes) -> str:
-    """A digest of the whole event (subject, headers, body): the stream drops the copy that a
-    retried publish may create, and only that (two events never share all three)."""
-    digest = hashlib.blake2b(target.encode(), digest_size=16)
-    for name in sorted(headers):
-        digest.update(b"\0" + name.encode() + b"\0" + headers[name].encode())
-    digest.update(b"\1" + body)
-    return digest.hexdigest()
 
 
 def header_bytes(headers: Mapping[str, str]) -> int:
@@ -441,7 +431,7 @@ class NatsBroker(Broker):
         target = subject(destination)
         all_headers = dict(headers or {})
         if destination.levels[0] != SYSTEM_PREFIX and MSG_ID_HEADER not in all_headers:
-            all_headers[MSG_ID_HEADER] = message_id(target, all_headers, body)
+            all_headers[MSG_ID_HEADER] = event_digest(target, all_headers, body).hex()
         size = len(body) + header_bytes(all_headers)
         if size > self._nc.max_payload:
             raise UndeliverableEvent(
