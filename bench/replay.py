@@ -26,7 +26,7 @@ import uvloop
 from lbg.broker import connect_broker
 from lbg.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset
 from lbg.embedded import EmbeddedNats
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
 from lbg.replay import ReplayOptions, replay
 from lbg.settings import BrokerSettings

@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from lbg.broker.base import Broker, BrokerError, QueueBinding
-from lbg.lease import LeaseTerms, OwnLease
 from lbg.membership import Heartbeat, MembershipView, MemberState
-from lbg.messages import MalformedMessage
+from lbg.model.lease import LeaseTerms, OwnLease
+from lbg.model.messages import MalformedMessage
 from lbg.operator import (
     GOSSIP_SECONDS,
     ControlMessage,

@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import orjson
 
-from lbg.messages import MalformedMessage
+from lbg.model.messages import MalformedMessage
 
 
 class MemberState(StrEnum):

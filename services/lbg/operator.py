@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from lbg.assignment import balanced_assignment
 from lbg.broker.base import Broker, BrokerError, QueueStatus, Resize
-from lbg.group import GroupConfig
 from lbg.membership import Heartbeat, MemberState, parse_generation
-from lbg.messages import MalformedMessage, check_key
+from lbg.model.assignment import balanced_assignment
+from lbg.model.group import GroupConfig
+from lbg.model.messages import MalformedMessage, check_key
 from lbg.settings import (
     BrokerSettings,
     ClientSettings,

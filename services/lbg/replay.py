@@ -37,8 +37,8 @@ import pyarrow as pa
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.group import GroupConfig
-from lbg.messages import MalformedMessage, check_key
+from lbg.model.group import GroupConfig
+from lbg.model.messages import MalformedMessage, check_key
 from lbg.publisher import HashedPublisher, PublishStats
 from lbg.settings import BrokerSettings
 

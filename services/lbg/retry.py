@@ -25,7 +25,7 @@ from lbg.broker import (
     connect_broker,
 )
 from lbg.broker.base import Broker, BrokerError
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 T = TypeVar("T")

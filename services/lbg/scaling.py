@@ -25,9 +25,9 @@ from pathlib import Path
 import orjson
 
 from lbg.broker.base import Broker
-from lbg.group import GroupConfig
 from lbg.local import script
-from lbg.sequence import Report
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Report
 
 log = logging.getLogger(__name__)
 DEFAULT_FOLDER = "var/local"

@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from lbg.hashing import HASH_FUNCTIONS
+from lbg.model.hashing import HASH_FUNCTIONS
 
 T = TypeVar("T")
 

@@ -11,9 +11,9 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
-from lbg.destinations import event_destination
-from lbg.group import GroupConfig
 from lbg.local_brokers import BrokerEndpoint
+from lbg.model.destinations import event_destination
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 CONFIG = GroupConfig("PREFIX", 8, 2)

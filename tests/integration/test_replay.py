@@ -16,8 +16,8 @@ import pytest
 
 from lbg.broker import connect_broker
 from lbg.dataset import DatasetSpec, generate, write_dataset
-from lbg.group import GroupConfig
 from lbg.local import LocalDeployment, script
+from lbg.model.group import GroupConfig
 from lbg.replay import PARTITION_COLUMN, ReplayError, ReplayOptions, publish_rows, replay
 from lbg.settings import BrokerSettings
 from lbg.spark import spark_session

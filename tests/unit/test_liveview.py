@@ -6,7 +6,7 @@ import uvloop
 
 from lbg import demo
 from lbg.liveview import LiveView
-from lbg.sequence import Outcome, Report, SequenceChecker
+from lbg.model.sequence import Outcome, Report, SequenceChecker
 from lbg.validator import Validator
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.membership import Heartbeat, MembershipView, MemberState
-from lbg.messages import MalformedMessage
+from lbg.model.messages import MalformedMessage
 
 
 class Clock:

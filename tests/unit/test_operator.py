@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.assignment import balanced_assignment
 from lbg.broker.base import QueueStatus
 from lbg.coordinator import Coordinator
-from lbg.group import GroupConfig
-from lbg.hashing import bucket_for
 from lbg.membership import Heartbeat, MemberState
-from lbg.messages import MalformedMessage
+from lbg.model.assignment import balanced_assignment
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import bucket_for
+from lbg.model.messages import MalformedMessage
 from lbg.operator import (
     Move,
     MoveRefused,

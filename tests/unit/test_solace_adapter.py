@@ -38,8 +38,8 @@ from solace.messaging.resources.topic import Topic
 from lbg.broker.base import BrokerError, PublishError, UndeliverableEvent, UndeliverableKey
 from lbg.broker.solace import adapter
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
-from lbg.destinations import Destination, OutputKind, event_destination, output_destination
-from lbg.group import GroupConfig
+from lbg.model.destinations import Destination, OutputKind, event_destination, output_destination
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 SETTINGS = BrokerSettings(

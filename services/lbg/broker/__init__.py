@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from lbg.broker.base import Broker, BrokerError
 from lbg.broker.refused import all_refused
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 NATS_SCHEMES = {"nats", "tls"}

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lbg.destinations import Destination, EventAddress, OutputKind, parse_event_topic
-from lbg.group import GroupConfig
+from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
+from lbg.model.group import GroupConfig
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from lbg.cli.common import (
     run,
     setup_logging,
 )
-from lbg.group import CATEGORY_HASH, GroupConfig, validate_group_name
-from lbg.hashing import HASH_FUNCTIONS
+from lbg.model.group import CATEGORY_HASH, GroupConfig, validate_group_name
+from lbg.model.hashing import HASH_FUNCTIONS
 from lbg.operator import resize_group
 from lbg.settings import AdminConfig
 

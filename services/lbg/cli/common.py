@@ -19,9 +19,9 @@ import orjson
 import uvloop
 
 from lbg.broker.base import BrokerError, GroupNotFound
-from lbg.group import GroupConfigError
 from lbg.handlers import HandlerLoadError
-from lbg.hashing import HashKeyError
+from lbg.model.group import GroupConfigError
+from lbg.model.hashing import HashKeyError
 from lbg.settings import ConfigError, load_config
 
 T = TypeVar("T")

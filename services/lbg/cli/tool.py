@@ -33,8 +33,8 @@ from lbg.cli.common import (
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
-from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 from lbg.local_brokers import LOCAL_BROKERS
+from lbg.model.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -322,7 +322,7 @@ def route(
 ) -> None:
     """Where each KEY goes in a running group: one line per key, tab-separated: key, bucket
     (the group's hash function), queue, and the member serving that queue now ('-': none)."""
-    from lbg.messages import MalformedMessage, check_key
+    from lbg.model.messages import MalformedMessage, check_key
     from lbg.operator import read_status, routes
 
     setup_logging(verbose, quiet=not verbose)

@@ -38,9 +38,9 @@ from lbg.broker.base import (
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
-from lbg.group import GroupConfig, GroupConfigError
-from lbg.messages import check_key
+from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError
+from lbg.model.messages import check_key
 from lbg.settings import BrokerSettings
 
 log = logging.getLogger(__name__)

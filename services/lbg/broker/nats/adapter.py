@@ -56,8 +56,8 @@ from lbg.broker.base import (
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
-from lbg.group import GroupConfig, GroupConfigError
+from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
+from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
 from lbg.tls import client_context, wants_tls
 

@@ -45,8 +45,8 @@ from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
 from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.management import ManagementApi, NotFound, path_segment
-from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind
-from lbg.group import GroupConfig, GroupConfigError
+from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
 from lbg.tls import client_context, https_verify
 

@@ -84,8 +84,8 @@ from lbg.broker.solace.provision import (
     queue_name,
 )
 from lbg.broker.solace.semp import MONITOR, SempClient
-from lbg.destinations import Destination, OutputKind
-from lbg.group import GroupConfig
+from lbg.model.destinations import Destination, OutputKind
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 from lbg.tls import https_verify
 
