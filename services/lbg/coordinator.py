@@ -10,7 +10,7 @@ thereby stops before any peer may evict it. The broker's exclusivity keeps one c
 queue whatever the views say.
 
 An operator's planned move (`lbg move`) pins a queue to a member on top of that assignment,
-for as long as the member is alive and active; see operator.py.
+for as long as the member is alive and active; see model/overrides.py.
 
 A resizable group's size travels the same way: each heartbeat carries the generation of the
 group's config its member runs. A member that hears of a newer one (a peer's heartbeat, or
@@ -27,21 +27,22 @@ import time
 from collections.abc import Callable, Mapping
 
 from lbg.broker.base import Broker, BrokerError, QueueBinding
-from lbg.membership import Heartbeat, MembershipView, MemberState
-from lbg.model.lease import LeaseTerms, OwnLease
-from lbg.model.messages import MalformedMessage
-from lbg.operator import (
+from lbg.membership import MembershipView
+from lbg.model.control import (
     GOSSIP_SECONDS,
     ControlMessage,
+    Heartbeat,
+    MemberState,
     Move,
     Override,
-    OverrideBook,
     Probe,
     Resized,
-    assign_with_overrides,
     decode_control,
     encode_gossip,
 )
+from lbg.model.lease import LeaseTerms, OwnLease
+from lbg.model.messages import MalformedMessage
+from lbg.model.overrides import OverrideBook, assign_with_overrides
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from lbg.membership import Heartbeat, MembershipView, MemberState
+from lbg.membership import MembershipView
+from lbg.model.control import Heartbeat, MemberState
 from lbg.model.lease import LeaseTerms, OwnLease
 
 TERMS = LeaseTerms(lease=0.7, margin=0.15)

@@ -147,10 +147,10 @@ def _wait_for_port(port: int, pid: int) -> None:
 def _wait_for_members(stack: LocalStack, names: list[str]) -> None:
     """Return once the clients just started are heard as active members, so that the next
     command (`lbg move ... client-3`) finds them; a note after JOIN_TIMEOUT s if not."""
+    from lbg.admin.status import read_status
     from lbg.api import default_id
     from lbg.broker import connect_broker
-    from lbg.membership import MemberState
-    from lbg.operator import read_status
+    from lbg.model.control import MemberState
     from lbg.settings import BrokerSettings
 
     if not names:

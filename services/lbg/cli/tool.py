@@ -244,7 +244,7 @@ def _operator_settings(
     group_name: str | None,
     listen: float | None,
 ):
-    from lbg.operator import OperatorConfig
+    from lbg.admin.status import OperatorConfig
 
     overrides = {"broker.url": broker_url, "broker.admin_url": admin_url, "group.name": group_name}
     settings = load(config_path, OperatorConfig, overrides)
@@ -291,7 +291,7 @@ def status(
     Listens to the members' heartbeats for --listen seconds. For a static-mode group (no
     heartbeats) the serving client is the broker's active consumer.
     """
-    from lbg.operator import read_status
+    from lbg.admin.status import read_status
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
@@ -322,8 +322,8 @@ def route(
 ) -> None:
     """Where each KEY goes in a running group: one line per key, tab-separated: key, bucket
     (the group's hash function), queue, and the member serving that queue now ('-': none)."""
+    from lbg.admin.status import read_status, routes
     from lbg.model.messages import MalformedMessage, check_key
-    from lbg.operator import read_status, routes
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
@@ -379,7 +379,7 @@ def move(
     rebalanced around it); the pin ends when CLIENT leaves or dies. Waits until CLIENT's
     heartbeats say it serves the queue and prints how long that took.
     """
-    from lbg.operator import MoveRefused, move_queue
+    from lbg.admin.move import MoveRefused, move_queue
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
