@@ -294,7 +294,7 @@ class ClientSettings:
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func.
         The lease leaves a live member two heartbeats before it fences, and the margin lets a
-        member's own heartbeat come back within 2 x margin (lease.py)."""
+        member's own heartbeat come back within 2 x margin (model/lease.py)."""
         if self.lease < 3 * self.heartbeat_interval:
             raise ValueError(
                 f"lease: must be >= 3 x heartbeat_interval ({3 * self.heartbeat_interval:g}),"

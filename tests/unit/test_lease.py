@@ -4,7 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from lbg.membership import MembershipView
+from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState
 from lbg.model.lease import LeaseTerms, OwnLease
 

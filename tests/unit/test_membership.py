@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.membership import MembershipView
+from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState
 from lbg.model.messages import MalformedMessage
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lbg.admin.move import MoveRefused, check_move
 from lbg.admin.status import group_status, routes
 from lbg.broker.base import QueueStatus
-from lbg.coordinator import Coordinator
+from lbg.client.coordinator import Coordinator
 from lbg.model.assignment import balanced_assignment
 from lbg.model.control import (
     Heartbeat,

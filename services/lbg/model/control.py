@@ -1,7 +1,7 @@
 """The group's control channel, one wire format: heartbeats and the operator's messages.
 
 Every member of a dynamic group publishes a `Heartbeat` on the group's control destination
-(membership.py keeps the view built from them). Next to the heartbeats travel messages that
+(client/membership.py keeps the view built from them). Next to the heartbeats travel messages that
 `Heartbeat.decode` rejects (they have no member and state):
 
 - ``{"move": {"queue": q, "to": member, "at": version}}``, sent by `lbg move`;

@@ -5,7 +5,7 @@ ready for), keeps a view of the others, and computes the same balanced, sticky a
 It then only steers: it prefers the queues assigned to it, releases a queue once its new
 owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
 for the broker's timeout, and fences itself when the broker has not relayed its own
-heartbeats back for most of the lease (it was stalled or cut off): lease.py says why it
+heartbeats back for most of the lease (it was stalled or cut off): model/lease.py says why it
 thereby stops before any peer may evict it. The broker's exclusivity keeps one consumer per
 queue whatever the views say.
 
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from lbg.broker.base import Broker, BrokerError, QueueBinding
-from lbg.membership import MembershipView
+from lbg.client.membership import MembershipView
 from lbg.model.control import (
     GOSSIP_SECONDS,
     ControlMessage,

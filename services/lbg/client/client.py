@@ -24,9 +24,9 @@ from functools import partial
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
-from lbg.coordinator import Coordinator
+from lbg.client.coordinator import Coordinator
+from lbg.client.lanes import KeyLanes
 from lbg.handlers import AsyncHandler, Context, Hooks
-from lbg.lanes import KeyLanes
 from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
 from lbg.model.assignment import is_primary
 from lbg.model.destinations import EventAddress, OutputKind, output_destination

@@ -2,7 +2,7 @@
 
 Every member publishes a heartbeat every `interval` on the group's control destination and
 keeps a view of the others from theirs. A member is gone when its lease lapses (no heartbeat
-for `lease + margin` seconds: see lease.py for why the margin); one that says it is leaving
+for `lease + margin` seconds: see model/lease.py for why the margin); one that says it is leaving
 or stalled gets no more queues at once.
 The view is pure logic with an injected clock; the transport is the broker's.
 """
