@@ -24,13 +24,13 @@ import pyarrow.parquet as pq
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset
 from lbg.embedded import EmbeddedNats
 from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
-from lbg.replay import ReplayOptions, replay
+from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset
+from lbg.replay.job import ReplayOptions, replay
+from lbg.replay.spark import spark_session
 from lbg.settings import BrokerSettings
-from lbg.spark import spark_session
 
 WINDOW = 1000
 

@@ -13,9 +13,9 @@ import uvloop
 
 from lbg.cli.common import fail, one_line_errors, quiet_option, setup_logging, verbose_option
 from lbg.cli.dataset import DEFAULT_PATH
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN
 from lbg.embedded import EmbeddedNats
-from lbg.replay import FORMATS, ReplayError, ReplayOptions
+from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
+from lbg.replay.job import FORMATS, ReplayError, ReplayOptions
 from lbg.replay_local import LocalReplay, run_local_replay
 
 

@@ -7,23 +7,16 @@ publishes its rows through the hashed publisher over its own broker connection. 
 sequence is the row's rank within its key in that sorted partition, so a retried task sends
 the same (key, seq) pairs again: the validator counts them as duplicates, never as reorders.
 
-Runnable as `spark-submit services/lbg/replay.py ...` as well as `lbg-replay ...`.
+`lbg-replay ...` runs it, as does `spark-submit services/lbg/cli/replay.py ...`.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":
-    # spark-submit runs this file as a script, which puts its folder first on sys.path, where
-    # lbg's own operator.py would shadow the standard library's module of that name.
-    _here = os.path.dirname(os.path.realpath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _here]
-
 import asyncio
 import glob
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -504,9 +497,3 @@ def replay(
         f" {elapsed:.1f} s ({result.rate:.0f} rows/s); {result.rejected} rejected"
     )
     return result
-
-
-if __name__ == "__main__":
-    from lbg.cli.replay import main
-
-    main()
