@@ -20,9 +20,9 @@ import click
 
 from lbg.broker import NATS_SCHEMES, RABBITMQ_SCHEMES, connect_broker
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.embedded import BrokerStartError
-from lbg.local import LocalDeployment
-from lbg.local_brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.deployment import LocalDeployment
+from lbg.devstack.embedded import BrokerStartError
 from lbg.settings import BrokerSettings
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

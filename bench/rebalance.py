@@ -37,7 +37,7 @@ import uvloop
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.local import Daemon
+from lbg.devstack.deployment import Daemon
 from lbg.model.destinations import OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import MalformedMessage, decode_processed

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.embedded import EmbeddedNats
+from lbg.devstack.embedded import EmbeddedNats
 from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
 from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset

@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lbg.embedded import free_port
-from lbg.local import script
-from lbg.scaling import DEFAULT_FOLDER, LocalStack
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
+from lbg.devstack.scaling import DEFAULT_FOLDER, LocalStack
 
 
 def lbg(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

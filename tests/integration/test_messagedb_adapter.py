@@ -11,7 +11,7 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings

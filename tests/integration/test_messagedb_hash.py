@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from lbg.broker.messagedb import naming
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.group import GroupConfig
 from lbg.model.hashing import messagedb_bucket
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from lbg.broker import connect_broker
-from lbg.local import Daemon, LocalDeployment, script
+from lbg.devstack.deployment import Daemon, LocalDeployment, script
 from lbg.model.destinations import OutputKind
 from lbg.model.messages import Processed, decode_processed
 from lbg.settings import BrokerSettings

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lbg.broker import connect_broker
-from lbg.local import LocalDeployment, script
+from lbg.devstack.deployment import LocalDeployment, script
 from lbg.model.group import GroupConfig
 from lbg.replay.dataset import DatasetSpec, generate, write_dataset
 from lbg.replay.job import PARTITION_COLUMN, ReplayError, ReplayOptions, publish_rows, replay

@@ -4,7 +4,7 @@ and progress lines that say only what is known."""
 
 import uvloop
 
-from lbg import demo
+from lbg.devstack import demo
 from lbg.liveview import LiveView
 from lbg.model.sequence import Outcome, Report, SequenceChecker
 from lbg.validator import Validator

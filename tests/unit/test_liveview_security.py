@@ -12,7 +12,7 @@ import re
 import httpx
 import pytest
 
-from lbg.embedded import free_port
+from lbg.devstack.embedded import free_port
 from lbg.liveview import LiveView, page_html, serve_live_view
 from lbg.model.sequence import Report
 

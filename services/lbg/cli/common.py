@@ -174,7 +174,7 @@ def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, A
     """`overrides` with the broker of the local stack in ./var/local when the command takes
     --broker-url and neither it nor a config file names a broker (else unchanged); its group
     too, where the command takes --group and none was given."""
-    from lbg.scaling import DEFAULT_FOLDER, LocalStack
+    from lbg.devstack.scaling import DEFAULT_FOLDER, LocalStack
 
     if path is not None or "broker.url" not in overrides or overrides["broker.url"] is not None:
         return overrides

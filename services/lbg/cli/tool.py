@@ -33,7 +33,7 @@ from lbg.cli.common import (
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
-from lbg.local_brokers import LOCAL_BROKERS
+from lbg.devstack.brokers import LOCAL_BROKERS
 from lbg.model.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 
 
@@ -73,7 +73,7 @@ def hash_keys(function: str, buckets: int, keys: tuple[str, ...]) -> None:
 )
 def broker(port: int, host: str, data_dir: str | None) -> None:
     """Run the embedded NATS JetStream broker until Ctrl-C / SIGTERM; prints its URL."""
-    from lbg.embedded import BrokerStartError, EmbeddedNats
+    from lbg.devstack.embedded import BrokerStartError, EmbeddedNats
 
     setup_logging()
     folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lbg-nats-"))
@@ -179,9 +179,9 @@ def demo(
     """
     import uvloop
 
-    from lbg.demo import DemoOptions, run_demo
-    from lbg.embedded import BrokerStartError
-    from lbg.local_brokers import BrokerEndpoint, local_broker
+    from lbg.devstack.brokers import BrokerEndpoint, local_broker
+    from lbg.devstack.demo import DemoOptions, run_demo
+    from lbg.devstack.embedded import BrokerStartError
 
     folder = run_folder(workdir, "demo")
     with contextlib.ExitStack() as stack:

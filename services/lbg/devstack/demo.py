@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lbg.admin.resize import resize_group
 from lbg.broker import connect_broker
+from lbg.devstack.deployment import LocalDeployment
 from lbg.liveview import LiveView, serve_live_view
-from lbg.local import LocalDeployment
 from lbg.model.group import GroupConfig
 from lbg.model.sequence import Report
 from lbg.settings import BrokerSettings

@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from lbg.broker.base import Broker
-from lbg.local import script
+from lbg.devstack.deployment import script
 from lbg.model.group import GroupConfig
 from lbg.model.sequence import Report
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbg.broker import connect_broker
-from lbg.local import LocalDeployment
+from lbg.devstack.deployment import LocalDeployment
 from lbg.model.group import GroupConfig
 from lbg.model.sequence import Report
 from lbg.replay.job import ReplayOptions, ReplayResult, replay
