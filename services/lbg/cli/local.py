@@ -12,9 +12,10 @@ import click
 import uvloop
 
 from lbg.cli.common import admin_url_option, fail, one_line_errors, run, setup_logging
+from lbg.cli.localstate import DEFAULT_FOLDER
 from lbg.devstack.deployment import script
 from lbg.devstack.embedded import free_port
-from lbg.devstack.scaling import DEFAULT_FOLDER, LocalStack
+from lbg.devstack.scaling import LocalStack
 
 LOCAL_GROUP = "local"
 BROKER_START_TIMEOUT = 20.0
