@@ -90,6 +90,10 @@ class MessageDbBroker(Broker):
     """The broker interface on one PostgreSQL database with Message DB installed."""
 
     resizable = True
+    publisher_users_hint = (
+        "Message DB users are PostgreSQL roles: create the publisher's role"
+        " and GRANT it what it needs in PostgreSQL"
+    )
 
     def __init__(self, settings: BrokerSettings, name: str) -> None:
         self._dsn = settings.url

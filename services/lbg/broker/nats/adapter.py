@@ -238,6 +238,11 @@ def _explain(error: str) -> str:
 class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
+    publisher_users_hint = (
+        "NATS users live in the server config: render them with"
+        " python -m lbg.broker.nats.permissions --publisher-user U"
+    )
+
     def __init__(self, nc: Client, events: _ConnectionLog, priority_timeout: float = 2.0) -> None:
         self._nc = nc
         self._events = events
