@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 
 import click
 
-from lbg.broker import NATS_SCHEMES, RABBITMQ_SCHEMES, connect_broker
+from lbg.broker import connect_broker
+from lbg.broker.adapters import adapter_for
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.embedded import BrokerStartError
-from lbg.local import LocalDeployment
-from lbg.local_brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.deployment import LocalDeployment
+from lbg.devstack.embedded import BrokerStartError
 from lbg.settings import BrokerSettings
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -105,11 +106,9 @@ def follow_records(
 
 
 def broker_kind(url: str) -> str | None:
-    """Which broker a URL names, from its scheme (None: no adapter speaks it)."""
-    scheme = urlsplit(url).scheme
-    if scheme in NATS_SCHEMES:
-        return "nats"
-    return "rabbitmq" if scheme in RABBITMQ_SCHEMES else None
+    """Which broker a URL names, from its scheme (None: not one the benchmark runs on)."""
+    adapter = adapter_for(urlsplit(url).scheme)
+    return adapter.key if adapter is not None and adapter.key in ("nats", "rabbitmq") else None
 
 
 def _split_brokers(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> Any:

@@ -37,11 +37,11 @@ import uvloop
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.destinations import OutputKind
-from lbg.group import GroupConfig, GroupConfigError
-from lbg.local import Daemon
-from lbg.messages import MalformedMessage, decode_processed
-from lbg.sequence import Report
+from lbg.devstack.deployment import Daemon
+from lbg.model.destinations import OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError
+from lbg.model.messages import MalformedMessage, decode_processed
+from lbg.model.sequence import Report
 from lbg.validator import Validator
 from measure import (
     BenchError,

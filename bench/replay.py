@@ -27,14 +27,14 @@ import pyarrow.parquet as pq
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset
-from lbg.embedded import EmbeddedNats
-from lbg.group import GroupConfig
+from lbg.devstack.embedded import EmbeddedNats
+from lbg.devstack.spark_cluster import spark_cluster
+from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
-from lbg.replay import ReplayOptions, replay
+from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetSpec, generate, write_dataset
+from lbg.replay.job import ReplayOptions, replay
+from lbg.replay.spark import spark_session
 from lbg.settings import BrokerSettings
-from lbg.spark import spark_session
-from lbg.spark_cluster import spark_cluster
 
 WINDOW = 1000
 

@@ -34,9 +34,9 @@ import uvloop
 import raw_pipeline
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.destinations import OutputKind
-from lbg.group import GroupConfig, GroupConfigError
-from lbg.local import Daemon, LocalDeployment
+from lbg.devstack.deployment import Daemon, LocalDeployment
+from lbg.model.destinations import OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.validator import Validator
 from measure import (
     BenchError,

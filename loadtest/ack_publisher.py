@@ -24,9 +24,9 @@ import uvloop
 
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, PublishError
-from lbg.destinations import OutputKind, event_destination, output_destination
-from lbg.group import GroupConfig
-from lbg.messages import encode_summaries, event_headers
+from lbg.model.destinations import OutputKind, event_destination, output_destination
+from lbg.model.group import GroupConfig
+from lbg.model.messages import encode_summaries, event_headers
 from lbg.publisher import RETRIES
 from lbg.settings import BrokerSettings
 

@@ -25,10 +25,10 @@ import uvloop
 
 from lbg.broker import connect_broker
 from lbg.cli.common import fail, one_line_errors
-from lbg.embedded import EmbeddedNats
-from lbg.group import GroupConfig
-from lbg.scaling import AutoscalePolicy, LocalStack, StackState, autoscale
-from lbg.sequence import Report
+from lbg.devstack.embedded import EmbeddedNats
+from lbg.devstack.scaling import AutoscalePolicy, LocalStack, StackState, autoscale
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Report
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator, wait_until_complete
 

@@ -22,10 +22,10 @@ from collections.abc import Iterator
 import pytest
 from tests.support.solace_env import missing, solace_settings, write_config
 
-from lbg.embedded import EmbeddedNats
-from lbg.local_brokers import BrokerEndpoint
-from lbg.local_postgres import LocalPostgres, install_message_db, message_db_installed
-from lbg.local_rabbitmq import LocalRabbitMQ
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.embedded import EmbeddedNats
+from lbg.devstack.postgres import LocalPostgres, install_message_db, message_db_installed
+from lbg.devstack.rabbitmq import LocalRabbitMQ
 
 EXTERNAL_URL_ENV = "LBG_TEST_NATS_URL"
 RABBITMQ_URL_ENV = "LBG_TEST_RABBITMQ_URL"

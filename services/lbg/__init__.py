@@ -16,8 +16,8 @@ _HOMES = {
     "Publisher": "lbg.api",
     "Context": "lbg.handlers",
     "Hooks": "lbg.handlers",
-    "Event": "lbg.messages",
-    "MalformedMessage": "lbg.messages",
+    "Event": "lbg.model.messages",
+    "MalformedMessage": "lbg.model.messages",
 }
 
 

@@ -16,10 +16,10 @@ from typing import Self
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError
-from lbg.client import ClientStats, DynamicRole, LbgClient, Role, StaticRole
-from lbg.group import GroupConfig
+from lbg.client.client import ClientStats, DynamicRole, LbgClient, Role, StaticRole
 from lbg.handlers import Handler, Hooks, as_async
 from lbg.metrics import Family
+from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher, PublishStats
 from lbg.retry import join_group
 from lbg.settings import BrokerSettings, ClientSettings

@@ -1,6 +1,6 @@
 """Message handlers: the default republish-for-validation handler and loading a user's own.
 
-A handler is `handler(event, context)`, sync or async: `event` is a `lbg.messages.Event` (the
+A handler is `handler(event, context)`, sync or async: `event` is a `lbg.model.messages.Event` (the
 key, the body as the producer sent it, its headers, our sequence and publish time when set).
 A sync handler runs in a worker thread, so a slow one cannot stall the event loop that keeps
 this client's queues alive.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lbg.broker.base import Broker
-from lbg.destinations import OutputKind, output_destination
-from lbg.messages import Event, Processed, encode_processed
+from lbg.model.destinations import OutputKind, output_destination
+from lbg.model.messages import Event, Processed, encode_processed
 
 
 class HandlerLoadError(Exception):

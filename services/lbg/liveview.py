@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from lbg.sequence import Observation, Report
+from lbg.model.sequence import Observation, Report
 from lbg.validator import Validator
 
 log = logging.getLogger(__name__)

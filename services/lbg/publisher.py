@@ -21,10 +21,10 @@ from typing import Any, BinaryIO
 import orjson
 
 from lbg.broker.base import Broker, PublishError, UndeliverableEvent
-from lbg.destinations import OutputKind, event_destination, output_destination
-from lbg.group import GroupConfig
-from lbg.messages import MalformedMessage, check_key, encode_summaries, event_headers
 from lbg.metrics import PUBLISH_SECONDS, Family, counter, gauge
+from lbg.model.destinations import OutputKind, event_destination, output_destination
+from lbg.model.group import GroupConfig
+from lbg.model.messages import MalformedMessage, check_key, encode_summaries, event_headers
 
 log = logging.getLogger(__name__)
 

@@ -17,22 +17,16 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from lbg.broker import (
-    MESSAGEDB_SCHEMES,
-    NATS_SCHEMES,
-    RABBITMQ_SCHEMES,
-    SOLACE_SCHEMES,
-    connect_broker,
-)
+from lbg.broker import connect_broker
+from lbg.broker.adapters import adapter_for
 from lbg.broker.base import Broker, BrokerError
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 T = TypeVar("T")
 
 FIRST_DELAY = 0.5
 MAX_DELAY = 10.0
-ADAPTER_SCHEMES = NATS_SCHEMES | RABBITMQ_SCHEMES | SOLACE_SCHEMES | MESSAGEDB_SCHEMES
 
 log = logging.getLogger("lbg.startup")
 
@@ -112,7 +106,7 @@ async def connect_with_retry(
     settings: BrokerSettings, client_name: str, budget: StartupBudget
 ) -> Broker:
     """Connect to the broker, retrying while it is unreachable (not for an unknown scheme)."""
-    if urlsplit(settings.url).scheme not in ADAPTER_SCHEMES:
+    if adapter_for(urlsplit(settings.url).scheme) is None:
         return await connect_broker(settings, client_name)
     return await retry(
         lambda: connect_broker(settings, client_name),

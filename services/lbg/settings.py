@@ -21,24 +21,13 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from lbg.hashing import HASH_FUNCTIONS
+from lbg.broker.adapters import SCHEMES, adapter_for
+from lbg.model.hashing import HASH_FUNCTIONS
 
 T = TypeVar("T")
 
 PASSWORD_ENV = "LBG_BROKER_PASSWORD"
 ADMIN_PASSWORD_ENV = "LBG_ADMIN_PASSWORD"
-URL_SCHEMES = (
-    "nats",
-    "tls",
-    "amqp",
-    "amqps",
-    "tcp",
-    "tcps",
-    "http",
-    "https",
-    "postgresql",
-    "postgres",
-)
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
@@ -150,8 +139,9 @@ class BrokerSettings:
         """Reject URLs whose scheme no supported broker speaks, that name no host, and TLS
         files that do not exist (so a typo fails at start-up, naming the key)."""
         scheme, _, rest = self.url.partition("://")
-        if scheme.lower() not in URL_SCHEMES or not rest or rest.startswith("/"):
-            schemes = ", ".join(URL_SCHEMES)
+        adapter = adapter_for(scheme)
+        if adapter is None or not rest or rest.startswith("/"):
+            schemes = ", ".join(SCHEMES)
             raise ValueError(
                 f"url: expected <scheme>://<host> with scheme {schemes};"
                 f" got {_show(self.shown_url)}"
@@ -167,7 +157,7 @@ class BrokerSettings:
                 raise ValueError(f"{key}: no such file {_show(path)}")
         if self.tls_key_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_key_file: needs tls_cert_file (the client certificate) too")
-        plain = {"amqp": "amqps", "tcp": "tcps"}.get(scheme.lower())
+        plain = adapter.tls_instead.get(scheme.lower())
         tls_key = next((k for k in _TLS_KEYS if getattr(self, k) is not None), None)
         if plain and tls_key:
             raise ValueError(f"{tls_key}: a {scheme}:// URL never uses TLS; use {plain}://")
@@ -294,7 +284,7 @@ class ClientSettings:
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func.
         The lease leaves a live member two heartbeats before it fences, and the margin lets a
-        member's own heartbeat come back within 2 x margin (lease.py)."""
+        member's own heartbeat come back within 2 x margin (model/lease.py)."""
         if self.lease < 3 * self.heartbeat_interval:
             raise ValueError(
                 f"lease: must be >= 3 x heartbeat_interval ({3 * self.heartbeat_interval:g}),"

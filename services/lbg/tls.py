@@ -10,9 +10,8 @@ from __future__ import annotations
 import ssl
 from urllib.parse import urlsplit
 
+from lbg.broker.adapters import TLS_SCHEMES
 from lbg.settings import BrokerSettings, ConfigError
-
-TLS_SCHEMES = frozenset({"tls", "amqps", "tcps", "https"})
 
 
 def wants_tls(settings: BrokerSettings) -> bool:

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, OutputMessage
-from lbg.destinations import OutputKind
-from lbg.messages import (
+from lbg.metrics import Family, gauge
+from lbg.model.destinations import OutputKind
+from lbg.model.messages import (
     REASON_HEADER,
     MalformedMessage,
     decode_processed,
     decode_summary,
     read_dead_letter,
 )
-from lbg.metrics import Family, gauge
-from lbg.sequence import Observation, Outcome, Report, SequenceChecker
+from lbg.model.sequence import Observation, Outcome, Report, SequenceChecker
 
 log = logging.getLogger(__name__)
 shard_log = logging.getLogger(__name__ + ".shards")

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from lbg.embedded import find_nats_server, free_port
+from lbg.devstack.embedded import find_nats_server, free_port
 from lbg.settings import AdminConfig, ClientConfig, PublisherConfig, ValidatorConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]

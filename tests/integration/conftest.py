@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tests.support.processes import cli, run_validator
 
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment
 
 
 @pytest.fixture

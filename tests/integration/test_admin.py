@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import orjson
 import pytest
 
-from lbg.local import script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import script
 
 Admin = Callable[..., subprocess.CompletedProcess[str]]
 

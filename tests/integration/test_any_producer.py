@@ -27,8 +27,8 @@ import pytest
 from tests.support.processes import cli, wait_for_log
 from tests.support.recorder import read_records
 
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -16,12 +16,12 @@ import pytest
 
 from lbg.broker import connect_broker
 from lbg.broker.messagedb import naming
-from lbg.destinations import Destination, OutputKind, event_destination
-from lbg.embedded import free_port
-from lbg.group import GroupConfig
-from lbg.local import LocalDeployment, script
-from lbg.local_brokers import BrokerEndpoint
-from lbg.messages import MAX_MESSAGE_BYTES, SEQ_HEADER, TIME_HEADER, read_dead_letter
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment, script
+from lbg.devstack.embedded import free_port
+from lbg.model.destinations import Destination, OutputKind, event_destination
+from lbg.model.group import GroupConfig
+from lbg.model.messages import MAX_MESSAGE_BYTES, SEQ_HEADER, TIME_HEADER, read_dead_letter
 from lbg.settings import BrokerSettings
 
 DAEMONS = ["cg-admin", "hashed-publisher", "lbg-client", "validation-client"]

@@ -9,8 +9,8 @@ import pytest
 from tests.conftest import BROKERS
 from tests.support.processes import cli, under_load
 
-from lbg.local import LocalDeployment
-from lbg.local_brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
+from lbg.devstack.deployment import LocalDeployment
 
 LOAD_SECONDS = 4.0
 

@@ -6,8 +6,8 @@ import subprocess
 import orjson
 import pytest
 
-from lbg.local import script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import script
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tests.support.processes import wait_for_log
 
-from lbg.local import LocalDeployment
+from lbg.devstack.deployment import LocalDeployment
 
 
 def test_sigusr1_logs_every_task_stack_and_the_daemon_keeps_running(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lbg.local import Daemon, LocalDeployment
+from lbg.devstack.deployment import Daemon, LocalDeployment
 
 # cg-admin's default priority timeout: NATS moves a silent owner's queue after it.
 BROKER_TIMEOUT = 2.0

@@ -1,4 +1,4 @@
-"""lbg.embedded: a private nats-server with JetStream, free ports, restarts and crashes."""
+"""lbg.devstack.embedded: a private nats-server with JetStream, free ports, restarts and crashes."""
 
 import asyncio
 import os
@@ -15,7 +15,7 @@ import nats
 import pytest
 from nats.js.api import StorageType
 
-from lbg.embedded import BrokerStartError, EmbeddedNats, find_nats_server, free_port
+from lbg.devstack.embedded import BrokerStartError, EmbeddedNats, find_nats_server, free_port
 
 SYSTEM_PORT = 4222
 
@@ -226,7 +226,7 @@ def test_server_has_its_own_process_group(make_server: Callable[..., EmbeddedNat
 def test_exiting_parent_does_not_leak_the_server(tmp_path: Path) -> None:
     script = (
         "import sys\n"
-        "from lbg.embedded import EmbeddedNats\n"
+        "from lbg.devstack.embedded import EmbeddedNats\n"
         "server = EmbeddedNats(sys.argv[1])\n"
         "server.start()\n"
         "print(server.pid, flush=True)\n"

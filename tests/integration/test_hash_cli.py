@@ -2,8 +2,8 @@
 
 import subprocess
 
-from lbg.hashing import java_bucket, murmur2
-from lbg.local import script
+from lbg.devstack.deployment import script
+from lbg.model.hashing import java_bucket, murmur2
 
 BLOG_KEY = "b8c1ccb2-c67f-446f-8111-9eec8b264782/25c151d2-76c3-41aa-98c4-508542cd80b9"
 

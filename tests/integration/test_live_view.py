@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lbg.embedded import free_port
-from lbg.local import script
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
 
 ARTIFACTS = Path(__file__).parents[2] / "var" / "test-artifacts"
 CHROMIUM_FLAGS = [

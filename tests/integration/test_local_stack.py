@@ -10,9 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lbg.embedded import free_port
-from lbg.local import script
-from lbg.scaling import DEFAULT_FOLDER, LocalStack
+from lbg.cli.localstate import DEFAULT_FOLDER
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
+from lbg.devstack.scaling import LocalStack
 
 
 def lbg(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -11,10 +11,10 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
-from lbg.destinations import event_destination
-from lbg.group import GroupConfig
-from lbg.local_brokers import BrokerEndpoint
-from lbg.messages import event_headers
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.model.destinations import event_destination
+from lbg.model.group import GroupConfig
+from lbg.model.messages import event_headers
 from lbg.settings import BrokerSettings
 
 CONFIG = GroupConfig("PREFIX", 8, 2)

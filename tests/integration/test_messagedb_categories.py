@@ -17,10 +17,10 @@ from tests.support.processes import cli
 
 from lbg.broker import connect_broker
 from lbg.broker.base import UndeliverableEvent
-from lbg.destinations import event_destination
-from lbg.group import GroupConfig
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment
+from lbg.model.destinations import event_destination
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 WRITE = "SELECT message_store.write_message($1, $2, $3, $4::jsonb, $5::jsonb)"

@@ -8,9 +8,9 @@ import asyncpg
 import pytest
 
 from lbg.broker.messagedb import naming
-from lbg.group import GroupConfig
-from lbg.hashing import messagedb_bucket
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import messagedb_bucket
 
 STREAMS = [
     "account-123",

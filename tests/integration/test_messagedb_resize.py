@@ -14,8 +14,8 @@ import pytest
 from tests.support.processes import cli, run_validator, wait_for_log
 
 from lbg.broker.messagedb import generations
-from lbg.local import LocalDeployment, script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment, script
 
 
 @pytest.fixture

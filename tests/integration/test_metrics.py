@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lbg.embedded import free_port
-from lbg.local import LocalDeployment
+from lbg.devstack.deployment import LocalDeployment
+from lbg.devstack.embedded import free_port
 
 EVENTS = 600
 Samples = dict[str, float]

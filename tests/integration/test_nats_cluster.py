@@ -12,8 +12,8 @@ from tests.support.processes import cli, under_load
 
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.adapter import consumer_name, events_stream
-from lbg.local import LocalDeployment
-from lbg.nats_cluster import LocalNatsCluster
+from lbg.devstack.deployment import LocalDeployment
+from lbg.devstack.nats_cluster import LocalNatsCluster
 
 GROUP = "ha"
 # A new stream or consumer leader takes a few seconds to be elected; publishers retry meanwhile,

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 
 from lbg.broker import connect_broker
-from lbg.destinations import OutputKind
-from lbg.local import Daemon, LocalDeployment, script
-from lbg.messages import Processed, decode_processed
+from lbg.devstack.deployment import Daemon, LocalDeployment, script
+from lbg.model.destinations import OutputKind
+from lbg.model.messages import Processed, decode_processed
 from lbg.settings import BrokerSettings
 
 MEMBERS = ("client-a", "client-b", "client-c")

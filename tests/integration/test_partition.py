@@ -23,8 +23,8 @@ from tests.support.store import (
     zombie_writes,
 )
 
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment
 
 CUT_AFTER = 3.0
 CUT_FOR = 4.0

@@ -3,7 +3,7 @@
 import signal
 import time
 
-from lbg.local import LocalDeployment
+from lbg.devstack.deployment import LocalDeployment
 
 
 def wait_for(predicate, timeout: float, message: str) -> None:

@@ -17,9 +17,9 @@ from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.rabbitmq.management import ManagementApi, NotFound
 from lbg.broker.rabbitmq.topology import exchange_name, output_queue_name, queue_name
-from lbg.destinations import OutputKind, output_destination
-from lbg.local import script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import script
+from lbg.model.destinations import OutputKind, output_destination
 from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.skipif(

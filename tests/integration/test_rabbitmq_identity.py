@@ -16,9 +16,9 @@ from yarl import URL
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.rabbitmq.topology import queue_name
-from lbg.destinations import OutputKind, event_destination, output_destination
-from lbg.local import script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import script
+from lbg.model.destinations import OutputKind, event_destination, output_destination
 from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.skipif(

@@ -8,8 +8,8 @@ import urllib.parse
 import httpx
 import pytest
 
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import LocalDeployment
 
 pytestmark = pytest.mark.skipif(
     "rabbitmq" not in os.environ.get("LBG_TEST_BROKERS", "nats,rabbitmq"),

@@ -17,13 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from lbg.broker import connect_broker
-from lbg.dataset import DatasetSpec, generate, write_dataset
-from lbg.group import GroupConfig
-from lbg.local import LocalDeployment, script
-from lbg.replay import PARTITION_COLUMN, ReplayError, ReplayOptions, publish_rows, replay
+from lbg.devstack.deployment import LocalDeployment, script
+from lbg.devstack.spark_cluster import ClusterState, executors, kill_executor, spark_cluster
+from lbg.model.group import GroupConfig
+from lbg.replay.dataset import DatasetSpec, generate, write_dataset
+from lbg.replay.job import PARTITION_COLUMN, ReplayError, ReplayOptions, publish_rows, replay
+from lbg.replay.spark import spark_session
 from lbg.settings import BrokerSettings
-from lbg.spark import spark_session
-from lbg.spark_cluster import ClusterState, executors, kill_executor, spark_cluster
 
 ROWS = 3000
 

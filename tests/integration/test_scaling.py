@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lbg.local import script
-from lbg.local_brokers import BrokerEndpoint
-from lbg.scaling import LocalStack, alive
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import script
+from lbg.devstack.scaling import LocalStack, alive
 
 
 def lbg(*args: str, timeout: float = 60) -> str:

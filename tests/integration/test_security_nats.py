@@ -22,9 +22,9 @@ from tests.support.tls import Pki, make_pki
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, GroupNotFound, PublishError
 from lbg.broker.nats.adapter import CONFIG_BUCKET
-from lbg.destinations import OutputKind, event_destination, output_destination
-from lbg.embedded import EmbeddedNats, free_port
-from lbg.local import LocalDeployment, script
+from lbg.devstack.deployment import LocalDeployment, script
+from lbg.devstack.embedded import EmbeddedNats, free_port
+from lbg.model.destinations import OutputKind, event_destination, output_destination
 from lbg.settings import PASSWORD_ENV, BrokerSettings
 
 PASSWORDS = {

@@ -21,10 +21,10 @@ from tests.support.tls import Pki, make_pki
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, PublishError
 from lbg.broker.rabbitmq.management import ManagementApi
-from lbg.destinations import OutputKind, event_destination, output_destination
-from lbg.embedded import free_port
-from lbg.local import script
-from lbg.local_rabbitmq import PASSWORD, USER, LocalRabbitMQ
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
+from lbg.devstack.rabbitmq import PASSWORD, USER, LocalRabbitMQ
+from lbg.model.destinations import OutputKind, event_destination, output_destination
 from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.skipif(

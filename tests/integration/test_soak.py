@@ -6,8 +6,8 @@ from pathlib import Path
 
 import orjson
 
-from lbg.chaos import Fault
-from lbg.local import script
+from lbg.devstack.chaos import Fault
+from lbg.devstack.deployment import script
 
 SOAK_SECONDS = 60
 

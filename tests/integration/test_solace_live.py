@@ -20,8 +20,8 @@ from tests.support.solace_env import missing, solace_settings
 
 from lbg.broker.base import Delivery, QueueBinding
 from lbg.broker.solace.adapter import SolaceBroker, connect
-from lbg.destinations import event_destination
-from lbg.group import GroupConfig
+from lbg.model.destinations import event_destination
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.solace

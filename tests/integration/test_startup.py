@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lbg.embedded import EmbeddedNats, free_port
-from lbg.local import Daemon, LocalDeployment, script
-from lbg.local_brokers import BrokerEndpoint
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.deployment import Daemon, LocalDeployment, script
+from lbg.devstack.embedded import EmbeddedNats, free_port
 from lbg.settings import BrokerSettings
 
 # Daemon, and flags that let it run to completion on an empty group.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import orjson
 
-from lbg.local import Daemon, LocalDeployment, script
+from lbg.devstack.deployment import Daemon, LocalDeployment, script
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from lbg.embedded import free_port
-from lbg.local import script
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
 
 
 def test_a_password_in_from_json_is_dropped_with_a_warning(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.assignment import balanced_assignment, is_primary, primary_queues
+from lbg.model.assignment import balanced_assignment, is_primary, primary_queues
 
 
 def test_original_rule_examples() -> None:

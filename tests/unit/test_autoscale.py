@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.scaling import AutoscalePolicy, decide
+from lbg.devstack.scaling import AutoscalePolicy, decide
 
 POLICY = AutoscalePolicy(minimum=1, maximum=4, high=100, low=10, cooldown=5)
 

@@ -3,7 +3,7 @@ java hash with HC=100 must put every one of those topics in the bucket the blog 
 
 import pytest
 
-from lbg.hashing import java_bucket
+from lbg.model.hashing import java_bucket
 
 BLOG_TOPICS = [
     (96, "b8c1ccb2-c67f-446f-8111-9eec8b264782/25c151d2-76c3-41aa-98c4-508542cd80b9"),

@@ -1,4 +1,4 @@
-"""lbg.chaos: the soak's fault choices keep the pool within bounds; duplicates get a cause."""
+"""lbg.devstack.chaos: the soak's fault choices keep the pool in bounds; duplicates get a cause."""
 
 import random
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.chaos import (
+from lbg.devstack.chaos import (
     UNEXPLAINED,
     Action,
     ChaosPolicy,

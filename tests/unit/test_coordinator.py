@@ -4,7 +4,7 @@ import asyncio
 from collections.abc import Callable
 
 from lbg.broker.base import QueueBinding
-from lbg.coordinator import Coordinator
+from lbg.client.coordinator import Coordinator
 
 
 class Clock:

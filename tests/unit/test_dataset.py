@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbg.cli.dataset import main as dataset_cli
-from lbg.dataset import (
+from lbg.replay.dataset import (
     EVENT_TYPES,
     KEY_COLUMN,
     ORDER_COLUMN,

@@ -4,7 +4,7 @@ a different event never is."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.messages import SEQ_HEADER, TIME_HEADER, event_digest
+from lbg.model.messages import SEQ_HEADER, TIME_HEADER, event_digest
 
 SUBJECT = "orders.3.order-7"
 seqs = st.integers(min_value=1, max_value=2**40).map(str)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.group import MAX_HASH_COUNT, GroupConfig, GroupConfigError
+from lbg.model.group import MAX_HASH_COUNT, GroupConfig, GroupConfigError
 
 FIELDS = ("HP", "HC", "QC", "QS", "CU", "HF", "EX", "CA")
 # What an error must start with: a field code, "group config JSON", or an unknown key.

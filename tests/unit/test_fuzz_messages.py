@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.messages import (
+from lbg.model.messages import (
     MAX_MESSAGE_BYTES,
     SEQ_HEADER,
     TIME_HEADER,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.group import (
+from lbg.model.group import (
     MAX_GENERATION,
     MAX_QUEUE_SIZE_MB,
     MAX_REPLICAS,
@@ -15,7 +15,7 @@ from lbg.group import (
     GroupConfigError,
     validate_group_name,
 )
-from lbg.hashing import bucket_for, messagedb_bucket
+from lbg.model.hashing import bucket_for, messagedb_bucket
 
 ORIGINAL = '{"HP":"hash1","HC":100,"QC":12,"QS":100,"CU":"lg_cu1","CP":"pw12345"}'
 

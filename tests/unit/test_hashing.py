@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.hashing import (
+from lbg.model.hashing import (
     HASH_FUNCTIONS,
     HashKeyError,
     bucket_for,

@@ -5,7 +5,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.lanes import KeyLanes
+from lbg.client.lanes import KeyLanes
 
 
 def run(coro):

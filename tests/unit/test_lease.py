@@ -4,8 +4,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from lbg.lease import LeaseTerms, OwnLease
-from lbg.membership import Heartbeat, MembershipView, MemberState
+from lbg.client.membership import MembershipView
+from lbg.model.control import Heartbeat, MemberState
+from lbg.model.lease import LeaseTerms, OwnLease
 
 TERMS = LeaseTerms(lease=0.7, margin=0.15)
 INTERVAL = 0.15

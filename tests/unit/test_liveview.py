@@ -4,9 +4,9 @@ and progress lines that say only what is known."""
 
 import uvloop
 
-from lbg import demo
+from lbg.devstack import demo
 from lbg.liveview import LiveView
-from lbg.sequence import Outcome, Report, SequenceChecker
+from lbg.model.sequence import Outcome, Report, SequenceChecker
 from lbg.validator import Validator
 
 

@@ -12,9 +12,9 @@ import re
 import httpx
 import pytest
 
-from lbg.embedded import free_port
+from lbg.devstack.embedded import free_port
 from lbg.liveview import LiveView, page_html, serve_live_view
-from lbg.sequence import Report
+from lbg.model.sequence import Report
 
 
 class Counts:

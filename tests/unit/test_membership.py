@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.membership import Heartbeat, MembershipView, MemberState
-from lbg.messages import MalformedMessage
+from lbg.client.membership import MembershipView
+from lbg.model.control import Heartbeat, MemberState
+from lbg.model.messages import MalformedMessage
 
 
 class Clock:

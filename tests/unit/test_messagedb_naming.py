@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.broker.messagedb import naming
-from lbg.group import GroupConfig
-from lbg.hashing import messagedb_bucket
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import messagedb_bucket
 
 
 @pytest.mark.parametrize(("hash_count", "queue_count"), [(32, 4), (10, 3), (64, 64), (7, 1)])

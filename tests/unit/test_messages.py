@@ -1,4 +1,4 @@
-"""lbg.messages: events carry the producer's body untouched with our metadata in headers, the
+"""lbg.model.messages: events carry the producer's body untouched with our metadata in headers, the
 group's records round-trip, and everything bad is a MalformedMessage with a reason."""
 
 import orjson
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.messages import (
+from lbg.model.messages import (
     MAX_KEY_BYTES,
     MAX_MESSAGE_BYTES,
     SEQ_HEADER,

@@ -8,31 +8,29 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.assignment import balanced_assignment
+from lbg.admin.move import MoveRefused, check_move
+from lbg.admin.status import group_status, routes
 from lbg.broker.base import QueueStatus
-from lbg.coordinator import Coordinator
-from lbg.group import GroupConfig
-from lbg.hashing import bucket_for
-from lbg.membership import Heartbeat, MemberState
-from lbg.messages import MalformedMessage
-from lbg.operator import (
+from lbg.client.coordinator import Coordinator
+from lbg.model.assignment import balanced_assignment
+from lbg.model.control import (
+    Heartbeat,
+    MemberState,
     Move,
-    MoveRefused,
     Override,
-    OverrideBook,
     OverrideGossip,
     Probe,
     Resized,
-    assign_with_overrides,
-    check_move,
     decode_control,
     encode_gossip,
     encode_move,
     encode_probe,
     encode_resized,
-    group_status,
-    routes,
 )
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import bucket_for
+from lbg.model.messages import MalformedMessage
+from lbg.model.overrides import OverrideBook, assign_with_overrides
 
 
 class Clock:

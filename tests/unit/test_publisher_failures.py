@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher, PublishFailed
 
 

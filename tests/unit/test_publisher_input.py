@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbg.messages import MAX_KEY_BYTES, MalformedMessage
+from lbg.model.messages import MAX_KEY_BYTES, MalformedMessage
 from lbg.publisher import parse_line
 
 WHERE = "events.jsonl:7"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lbg.broker.base import UndeliverableKey
 from lbg.broker.rabbitmq import topology
-from lbg.destinations import (
+from lbg.model.destinations import (
     EventAddress,
     OutputKind,
     event_destination,
@@ -16,7 +16,7 @@ from lbg.destinations import (
     output_destination,
     parse_event_topic,
 )
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 
 group_names = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
 any_keys = st.text(min_size=1, max_size=60).filter(lambda k: len(k.encode()) <= 200)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from lbg.hashing import java_bucket, java_string_hash, messagedb_bucket, murmur2, murmur2_bucket
+from lbg.model.hashing import (
+    java_bucket,
+    java_string_hash,
+    messagedb_bucket,
+    murmur2,
+    murmur2_bucket,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (-?\d+) \| (\d+) \| (-?\d+) \| (\d+) \| (\d+) \|$", re.M)

@@ -8,7 +8,7 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError
 from lbg.broker.refused import all_refused, endpoints
-from lbg.embedded import free_port
+from lbg.devstack.embedded import free_port
 from lbg.settings import BrokerSettings
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from lbg.broker.solace.provision import Provisioner
 from lbg.broker.solace.semp import CONFIG, SempClient
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from support.semp_server import Request, SempServer
 
 SPEC_ENV = "LBG_SEMP_SPEC"

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbg.sequence import Outcome, SequenceChecker
+from lbg.model.sequence import Outcome, SequenceChecker
 
 
 def _outcomes(seqs: list[int], key: str = "k") -> list[Outcome]:

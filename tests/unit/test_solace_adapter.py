@@ -36,10 +36,10 @@ from solace.messaging.receiver.inbound_message import InboundMessage
 from solace.messaging.resources.topic import Topic
 
 from lbg.broker.base import BrokerError, PublishError, UndeliverableEvent, UndeliverableKey
-from lbg.broker.solace import adapter
+from lbg.broker.solace import adapter, session
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
-from lbg.destinations import Destination, OutputKind, event_destination, output_destination
-from lbg.group import GroupConfig
+from lbg.model.destinations import Destination, OutputKind, event_destination, output_destination
+from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 SETTINGS = BrokerSettings(
@@ -75,7 +75,7 @@ def test_publishers_start_before_the_receipt_listener_is_set(
 
 
 def test_session_properties_name_host_vpn_and_credentials() -> None:
-    properties = adapter.session_properties(SETTINGS)
+    properties = session.session_properties(SETTINGS)
     assert properties[transport_layer_properties.HOST] == "tcp://127.0.0.1:55555"
     assert properties[service_properties.VPN_NAME] == "lbg-vpn"
     assert properties[authentication_properties.SCHEME_BASIC_USER_NAME] == "cu1"
@@ -97,14 +97,14 @@ def test_connecting_gives_up_within_connect_timeout_even_if_no_host_answers(
     """Each attempt may last CONNECTION_ATTEMPTS_TIMEOUT; every pass tries each host once,
     with the wait interval after each failure (CONNECTION_RETRIES_PER_HOST 0)."""
     settings = BrokerSettings(url=urls, vpn="v", connect_timeout=seconds)
-    properties = adapter.session_properties(settings)
+    properties = session.session_properties(settings)
     attempt = properties[transport_layer_properties.CONNECTION_ATTEMPTS_TIMEOUT]
     wait = properties[transport_layer_properties.RECONNECTION_ATTEMPTS_WAIT_INTERVAL]
     passes = properties[transport_layer_properties.CONNECTION_RETRIES] + 1
     attempts = passes * len(urls.split(","))
     assert properties[transport_layer_properties.CONNECTION_RETRIES_PER_HOST] == 0
     assert attempts * attempt + (attempts - 1) * wait <= seconds * 1000
-    assert 0 < attempt <= adapter.ATTEMPT_TIMEOUT_MS
+    assert 0 < attempt <= session.ATTEMPT_TIMEOUT_MS
 
 
 def test_connect_to_a_host_that_never_answers_fails_within_connect_timeout() -> None:
@@ -134,7 +134,7 @@ def test_the_messaging_service_builds_without_connecting() -> None:
 
 
 def test_tls_validates_against_the_system_ca_directory() -> None:
-    configuration = adapter.tls_strategy().security_configuration
+    configuration = session.tls_strategy().security_configuration
     assert any("/" in str(value) for value in configuration.values())
 
 

@@ -15,7 +15,7 @@ from lbg.broker.solace import provision
 from lbg.broker.solace.adapter import queue_status
 from lbg.broker.solace.provision import Provisioner
 from lbg.broker.solace.semp import PAGE_SIZE, SempClient, SempError
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 from support.semp_server import IDENTIFIERS, QueueFigures, SempServer
 
 VPN = "default"

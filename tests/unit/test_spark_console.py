@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lbg.spark import console_to
+from lbg.replay.spark import console_to
 
 LATE_WRITER = "import sys, time; time.sleep(0.3); sys.stderr.write('WARN from the JVM\\n')"
 

@@ -10,15 +10,15 @@ from hypothesis import strategies as st
 from lbg.broker.base import UndeliverableKey
 from lbg.broker.nats.adapter import subject
 from lbg.broker.solace.adapter import topic_level, topic_name
-from lbg.destinations import (
+from lbg.model.destinations import (
     EventAddress,
     OutputKind,
     event_destination,
     output_destination,
     parse_event_topic,
 )
-from lbg.destinations import level_token as subject_token
-from lbg.messages import MAX_KEY_BYTES, MalformedMessage, check_key
+from lbg.model.destinations import level_token as subject_token
+from lbg.model.messages import MAX_KEY_BYTES, MalformedMessage, check_key
 
 BLOG_KEYS = [
     "b8c1ccb2-c67f-446f-8111-9eec8b264782/25c151d2-76c3-41aa-98c4-508542cd80b9",

@@ -16,7 +16,7 @@ from tests.support.tls import Pki, make_pki
 
 from lbg.broker.base import BrokerError
 from lbg.broker.rabbitmq.management import ManagementApi
-from lbg.broker.solace import adapter as solace
+from lbg.broker.solace import session as solace
 from lbg.settings import BrokerSettings, ClientConfig, ConfigError, load_config
 from lbg.tls import client_context, https_verify, wants_tls
 

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lbg.destinations import Destination, EventAddress, OutputKind, parse_event_topic
-from lbg.group import GroupConfig
+from lbg.broker.adapters import ADAPTERS
+from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
+from lbg.model.group import GroupConfig
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +95,6 @@ class Resize:
 
 
 StateListener = Callable[[int, bool], None]
-
-# Where the brokers whose users cg-admin does not manage keep them, by adapter class.
-PUBLISHER_USERS_ELSEWHERE = {
-    "NatsBroker": "NATS users live in the server config: render them with"
-    " python -m lbg.broker.nats.permissions --publisher-user U",
-    "MessageDbBroker": "Message DB users are PostgreSQL roles: create the publisher's role"
-    " and GRANT it what it needs in PostgreSQL",
-}
 
 
 class QueueBinding(abc.ABC):
@@ -210,6 +203,8 @@ class Broker(abc.ABC):
     resizable: ClassVar[bool] = False
     # What separates the levels of an event's topic (`<HP>.<bucket>.<key>` on NATS).
     topic_separator: ClassVar[str] = "."
+    # Where a broker whose users cg-admin does not manage keeps them (grant_publisher says so).
+    publisher_users_hint: ClassVar[str] = "this broker's users are not managed by cg-admin"
 
     def event_address(self, subject: str) -> EventAddress:
         """The key (and bucket) of a delivered event, from its subject as the broker gave it;
@@ -247,23 +242,18 @@ class Broker(abc.ABC):
         """Let `user` publish the group's events and summary and nothing else, creating it
         with `password` if it does not exist; an existing user that cg-admin did not make a
         publisher is refused unless `force`. Only brokers that keep users do this."""
-        raise BrokerError(self._publisher_users_hint())
+        raise BrokerError(self.publisher_users_hint)
 
     async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
         """Take back what grant_publisher gave `user` on this group."""
-        raise BrokerError(self._publisher_users_hint())
-
-    def _publisher_users_hint(self) -> str:
-        """One line saying how to give a publisher least privilege on this broker instead."""
-        return PUBLISHER_USERS_ELSEWHERE.get(
-            type(self).__name__, "this broker's users are not managed by cg-admin"
-        )
+        raise BrokerError(self.publisher_users_hint)
 
     async def resize_group(self, name: str, queue_count: int) -> Resize:
         """Give a running group `queue_count` queues, as its config's next generation (GN);
         only a `resizable` broker can."""
+        resizable = [f"{a.name} groups ({a.schemes[0]}:// URLs)" for a in ADAPTERS if a.resizable]
         raise BrokerError(
-            f"group '{name}': only Message DB groups (postgresql:// URLs) can be resized at run "
+            f"group '{name}': only {' or '.join(resizable)} can be resized at run "
             "time; on this broker a group's queues are fixed when it is created"
         )
 

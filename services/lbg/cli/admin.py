@@ -9,6 +9,7 @@ from typing import TextIO
 import click
 import orjson
 
+from lbg.admin.resize import resize_group
 from lbg.api import default_id
 from lbg.broker import check_broker_runs, connect_broker
 from lbg.broker.base import Broker, GroupExists
@@ -24,9 +25,8 @@ from lbg.cli.common import (
     run,
     setup_logging,
 )
-from lbg.group import CATEGORY_HASH, GroupConfig, validate_group_name
-from lbg.hashing import HASH_FUNCTIONS
-from lbg.operator import resize_group
+from lbg.model.group import CATEGORY_HASH, GroupConfig, validate_group_name
+from lbg.model.hashing import HASH_FUNCTIONS
 from lbg.settings import AdminConfig
 
 CLIENT_PASSWORD_ENV = "LBG_CLIENT_PASSWORD"

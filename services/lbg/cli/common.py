@@ -19,9 +19,10 @@ import orjson
 import uvloop
 
 from lbg.broker.base import BrokerError, GroupNotFound
-from lbg.group import GroupConfigError
+from lbg.cli.localstate import DEFAULT_FOLDER, running_state
 from lbg.handlers import HandlerLoadError
-from lbg.hashing import HashKeyError
+from lbg.model.group import GroupConfigError
+from lbg.model.hashing import HashKeyError
 from lbg.settings import ConfigError, load_config
 
 T = TypeVar("T")
@@ -174,11 +175,9 @@ def with_local_stack(path: str | None, overrides: dict[str, Any]) -> dict[str, A
     """`overrides` with the broker of the local stack in ./var/local when the command takes
     --broker-url and neither it nor a config file names a broker (else unchanged); its group
     too, where the command takes --group and none was given."""
-    from lbg.scaling import DEFAULT_FOLDER, LocalStack
-
     if path is not None or "broker.url" not in overrides or overrides["broker.url"] is not None:
         return overrides
-    state = LocalStack(Path(DEFAULT_FOLDER)).running()
+    state = running_state(Path(DEFAULT_FOLDER).absolute())
     if state is None:
         return overrides
     log = logging.getLogger("lbg")

@@ -7,7 +7,14 @@ import time
 import click
 
 from lbg.cli.common import fail, one_line_errors
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN, DatasetError, DatasetSpec, generate, write_dataset
+from lbg.replay.dataset import (
+    KEY_COLUMN,
+    ORDER_COLUMN,
+    DatasetError,
+    DatasetSpec,
+    generate,
+    write_dataset,
+)
 
 DEFAULT_PATH = "var/dataset/black_friday.parquet"
 

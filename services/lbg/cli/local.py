@@ -12,9 +12,10 @@ import click
 import uvloop
 
 from lbg.cli.common import admin_url_option, fail, one_line_errors, run, setup_logging
-from lbg.embedded import free_port
-from lbg.local import script
-from lbg.scaling import DEFAULT_FOLDER, LocalStack
+from lbg.cli.localstate import DEFAULT_FOLDER
+from lbg.devstack.deployment import script
+from lbg.devstack.embedded import free_port
+from lbg.devstack.scaling import LocalStack
 
 LOCAL_GROUP = "local"
 BROKER_START_TIMEOUT = 20.0
@@ -73,7 +74,7 @@ def up(
     changes the client count later and `lbg local down` stops everything and prints the
     validator's verdict. A new stack starts afresh: the previous run's logs, report and
     embedded broker data are removed."""
-    from lbg.scaling import StackError, StackState
+    from lbg.devstack.scaling import StackError, StackState
 
     setup_logging()
     stack = _stack(folder)
@@ -131,7 +132,7 @@ def up(
 def _wait_for_port(port: int, pid: int) -> None:
     import socket
 
-    from lbg.scaling import alive
+    from lbg.devstack.scaling import alive
 
     deadline = time.monotonic() + BROKER_START_TIMEOUT
     while time.monotonic() < deadline:
@@ -147,10 +148,10 @@ def _wait_for_port(port: int, pid: int) -> None:
 def _wait_for_members(stack: LocalStack, names: list[str]) -> None:
     """Return once the clients just started are heard as active members, so that the next
     command (`lbg move ... client-3`) finds them; a note after JOIN_TIMEOUT s if not."""
+    from lbg.admin.status import read_status
     from lbg.api import default_id
     from lbg.broker import connect_broker
-    from lbg.membership import MemberState
-    from lbg.operator import read_status
+    from lbg.model.control import MemberState
     from lbg.settings import BrokerSettings
 
     if not names:
@@ -183,7 +184,7 @@ def _wait_for_members(stack: LocalStack, names: list[str]) -> None:
 def scale(folder: str, count: int) -> None:
     """Run exactly COUNT clients: start the missing ones or SIGTERM the newest (a clean
     handover); the others keep running."""
-    from lbg.scaling import StackError
+    from lbg.devstack.scaling import StackError
 
     try:
         started, stopped = _stack(folder).scale(count)
@@ -198,7 +199,7 @@ def scale(folder: str, count: int) -> None:
 @folder_option
 def status(folder: str) -> None:
     """The stack's processes and whether each still runs."""
-    from lbg.scaling import StackError, alive
+    from lbg.devstack.scaling import StackError, alive
 
     try:
         state = _stack(folder).load()
@@ -217,7 +218,7 @@ def down(folder: str) -> None:
     """Stop the publisher, let the clients drain until the validator accounted for every
     event, stop the clients (clean handovers), the validator and the broker; print the
     validator's report. Exits 1 if it says something was lost or reordered."""
-    from lbg.scaling import StackError
+    from lbg.devstack.scaling import StackError
 
     stack = _stack(folder)
     try:
@@ -258,8 +259,8 @@ def autoscale(
     original's "demand" trigger), one step at a time with a cool-down; runs until Ctrl-C."""
     from lbg.api import default_id
     from lbg.broker import connect_broker
-    from lbg.scaling import AutoscalePolicy, StackError
-    from lbg.scaling import autoscale as run_autoscaler
+    from lbg.devstack.scaling import AutoscalePolicy, StackError
+    from lbg.devstack.scaling import autoscale as run_autoscaler
     from lbg.settings import BrokerSettings
 
     setup_logging()

@@ -18,10 +18,10 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
 )
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.replay import FORMATS, ReplayError, ReplayOptions, check_path, replay
+from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
+from lbg.replay.job import FORMATS, ReplayError, ReplayOptions, check_path, replay
+from lbg.replay.spark import DEFAULT_MASTER, spark_session
 from lbg.settings import PublisherConfig
-from lbg.spark import DEFAULT_MASTER, spark_session
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,3 +114,7 @@ def main(
     if as_json:
         click.echo(orjson.dumps(result.to_dict()).decode())
     sys.exit(1 if result.rejected else 0)
+
+
+if __name__ == "__main__":
+    main()

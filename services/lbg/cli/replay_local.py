@@ -13,10 +13,10 @@ import uvloop
 
 from lbg.cli.common import fail, one_line_errors, quiet_option, setup_logging, verbose_option
 from lbg.cli.dataset import DEFAULT_PATH
-from lbg.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.embedded import EmbeddedNats
-from lbg.replay import FORMATS, ReplayError, ReplayOptions
-from lbg.replay_local import LocalReplay, run_local_replay
+from lbg.devstack.embedded import EmbeddedNats
+from lbg.devstack.replay import LocalReplay, run_local_replay
+from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
+from lbg.replay.job import FORMATS, ReplayError, ReplayOptions
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

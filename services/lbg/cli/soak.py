@@ -8,7 +8,7 @@ import random
 import click
 
 from lbg.cli.common import EXPECTED_ERRORS, fail, print_verdict, run_folder
-from lbg.local_brokers import LOCAL_BROKERS
+from lbg.devstack.brokers import LOCAL_BROKERS
 
 
 @click.command()
@@ -93,10 +93,10 @@ def soak(
     """
     import uvloop
 
-    from lbg.chaos import ChaosPolicy
-    from lbg.embedded import BrokerStartError
-    from lbg.local_brokers import local_broker
-    from lbg.soak import SoakOptions, run_soak
+    from lbg.devstack.brokers import local_broker
+    from lbg.devstack.chaos import ChaosPolicy
+    from lbg.devstack.embedded import BrokerStartError
+    from lbg.devstack.soak import SoakOptions, run_soak
 
     try:
         policy = ChaosPolicy(min_clients, max_clients)

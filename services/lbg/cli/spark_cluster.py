@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from lbg.cli.common import fail
-from lbg.spark_cluster import (
+from lbg.devstack.spark_cluster import (
     SparkClusterError,
     executors,
     master_status,

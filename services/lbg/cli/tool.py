@@ -34,8 +34,8 @@ from lbg.cli.common import (
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
 from lbg.cli.spark_cluster import spark_cluster
-from lbg.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
-from lbg.local_brokers import LOCAL_BROKERS
+from lbg.devstack.brokers import LOCAL_BROKERS
+from lbg.model.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +74,7 @@ def hash_keys(function: str, buckets: int, keys: tuple[str, ...]) -> None:
 )
 def broker(port: int, host: str, data_dir: str | None) -> None:
     """Run the embedded NATS JetStream broker until Ctrl-C / SIGTERM; prints its URL."""
-    from lbg.embedded import BrokerStartError, EmbeddedNats
+    from lbg.devstack.embedded import BrokerStartError, EmbeddedNats
 
     setup_logging()
     folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lbg-nats-"))
@@ -180,9 +180,9 @@ def demo(
     """
     import uvloop
 
-    from lbg.demo import DemoOptions, run_demo
-    from lbg.embedded import BrokerStartError
-    from lbg.local_brokers import BrokerEndpoint, local_broker
+    from lbg.devstack.brokers import BrokerEndpoint, local_broker
+    from lbg.devstack.demo import DemoOptions, run_demo
+    from lbg.devstack.embedded import BrokerStartError
 
     folder = run_folder(workdir, "demo")
     with contextlib.ExitStack() as stack:
@@ -245,7 +245,7 @@ def _operator_settings(
     group_name: str | None,
     listen: float | None,
 ):
-    from lbg.operator import OperatorConfig
+    from lbg.admin.status import OperatorConfig
 
     overrides = {"broker.url": broker_url, "broker.admin_url": admin_url, "group.name": group_name}
     settings = load(config_path, OperatorConfig, overrides)
@@ -292,7 +292,7 @@ def status(
     Listens to the members' heartbeats for --listen seconds. For a static-mode group (no
     heartbeats) the serving client is the broker's active consumer.
     """
-    from lbg.operator import read_status
+    from lbg.admin.status import read_status
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
@@ -323,8 +323,8 @@ def route(
 ) -> None:
     """Where each KEY goes in a running group: one line per key, tab-separated: key, bucket
     (the group's hash function), queue, and the member serving that queue now ('-': none)."""
-    from lbg.messages import MalformedMessage, check_key
-    from lbg.operator import read_status, routes
+    from lbg.admin.status import read_status, routes
+    from lbg.model.messages import MalformedMessage, check_key
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)
@@ -380,7 +380,7 @@ def move(
     rebalanced around it); the pin ends when CLIENT leaves or dies. Waits until CLIENT's
     heartbeats say it serves the queue and prints how long that took.
     """
-    from lbg.operator import MoveRefused, move_queue
+    from lbg.admin.move import MoveRefused, move_queue
 
     setup_logging(verbose, quiet=not verbose)
     settings, seconds = _operator_settings(config_path, broker_url, admin_url, group_name, listen)

@@ -38,9 +38,9 @@ from lbg.broker.base import (
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
-from lbg.group import GroupConfig, GroupConfigError
-from lbg.messages import check_key, event_digest
+from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError
+from lbg.model.messages import check_key, event_digest
 from lbg.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,10 @@ class MessageDbBroker(Broker):
     """The broker interface on one PostgreSQL database with Message DB installed."""
 
     resizable = True
+    publisher_users_hint = (
+        "Message DB users are PostgreSQL roles: create the publisher's role"
+        " and GRANT it what it needs in PostgreSQL"
+    )
 
     def __init__(self, settings: BrokerSettings, name: str) -> None:
         self._dsn = settings.url

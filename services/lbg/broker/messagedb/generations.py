@@ -21,7 +21,7 @@ import orjson
 
 from lbg.broker.base import BrokerError, Resize
 from lbg.broker.messagedb import naming
-from lbg.group import MAX_GENERATION, GroupConfig
+from lbg.model.group import MAX_GENERATION, GroupConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,9 @@ import functools
 import hashlib
 import math
 
-from lbg.destinations import OutputKind
-from lbg.group import GroupConfig
-from lbg.hashing import messagedb_bucket
+from lbg.model.destinations import OutputKind
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import messagedb_bucket
 
 CONFIG_CATEGORY = "lbgconfig"
 EVENT_PREFIX = "lbg:"

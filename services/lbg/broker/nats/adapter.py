@@ -55,9 +55,9 @@ from lbg.broker.base import (
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
-from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
-from lbg.group import GroupConfig, GroupConfigError
-from lbg.messages import event_digest
+from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
+from lbg.model.group import GroupConfig, GroupConfigError
+from lbg.model.messages import event_digest
 from lbg.settings import BrokerSettings
 from lbg.tls import client_context, wants_tls
 
@@ -227,6 +227,11 @@ def _explain(error: str) -> str:
 
 class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
+
+    publisher_users_hint = (
+        "NATS users live in the server config: render them with"
+        " python -m lbg.broker.nats.permissions --publisher-user U"
+    )
 
     def __init__(self, nc: Client, events: _ConnectionLog, priority_timeout: float = 2.0) -> None:
         self._nc = nc

@@ -31,7 +31,7 @@ from lbg.broker.nats.adapter import (
     events_stream,
     inbox_prefix,
 )
-from lbg.destinations import SYSTEM_PREFIX, OutputKind
+from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
 PUBLISHER_USER = "lbg-publisher"

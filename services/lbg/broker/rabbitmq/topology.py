@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 
 from lbg.broker.base import UndeliverableKey
-from lbg.destinations import (
+from lbg.model.destinations import (
     SYSTEM_PREFIX,
     Destination,
     OutputKind,
     level_token,
     output_destination,
 )
-from lbg.group import GroupConfig
+from lbg.model.group import GroupConfig
 
 CONTROL_PREFIX = "_lbgctl"
 MAX_ROUTING_KEY_BYTES = 255

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 from lbg.broker.base import BrokerError, GroupExists, GroupNotFound
 from lbg.broker.solace.semp import SempClient, SempError, segment
-from lbg.destinations import SYSTEM_PREFIX, OutputKind
-from lbg.group import GroupConfig, GroupConfigError, validate_group_name
+from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
+from lbg.model.group import GroupConfig, GroupConfigError, validate_group_name
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lbg.admin.resize import resize_group
 from lbg.broker import connect_broker
-from lbg.group import GroupConfig
+from lbg.devstack.deployment import LocalDeployment
 from lbg.liveview import LiveView, serve_live_view
-from lbg.local import LocalDeployment
-from lbg.operator import resize_group
-from lbg.sequence import Report
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Report
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator, wait_until_complete
 

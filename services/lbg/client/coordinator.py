@@ -5,12 +5,12 @@ ready for), keeps a view of the others, and computes the same balanced, sticky a
 It then only steers: it prefers the queues assigned to it, releases a queue once its new
 owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
 for the broker's timeout, and fences itself when the broker has not relayed its own
-heartbeats back for most of the lease (it was stalled or cut off): lease.py says why it
+heartbeats back for most of the lease (it was stalled or cut off): model/lease.py says why it
 thereby stops before any peer may evict it. The broker's exclusivity keeps one consumer per
 queue whatever the views say.
 
 An operator's planned move (`lbg move`) pins a queue to a member on top of that assignment,
-for as long as the member is alive and active; see operator.py.
+for as long as the member is alive and active; see model/overrides.py.
 
 A resizable group's size travels the same way: each heartbeat carries the generation of the
 group's config its member runs. A member that hears of a newer one (a peer's heartbeat, or
@@ -27,21 +27,22 @@ import time
 from collections.abc import Callable, Mapping
 
 from lbg.broker.base import Broker, BrokerError, QueueBinding
-from lbg.lease import LeaseTerms, OwnLease
-from lbg.membership import Heartbeat, MembershipView, MemberState
-from lbg.messages import MalformedMessage
-from lbg.operator import (
+from lbg.client.membership import MembershipView
+from lbg.model.control import (
     GOSSIP_SECONDS,
     ControlMessage,
+    Heartbeat,
+    MemberState,
     Move,
     Override,
-    OverrideBook,
     Probe,
     Resized,
-    assign_with_overrides,
     decode_control,
     encode_gossip,
 )
+from lbg.model.lease import LeaseTerms, OwnLease
+from lbg.model.messages import MalformedMessage
+from lbg.model.overrides import OverrideBook, assign_with_overrides
 
 log = logging.getLogger(__name__)
 

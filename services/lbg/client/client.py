@@ -23,22 +23,22 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from lbg.aio import cancel_and_wait
-from lbg.assignment import is_primary
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
-from lbg.coordinator import Coordinator
-from lbg.destinations import EventAddress, OutputKind, output_destination
-from lbg.group import GroupConfig
+from lbg.client.coordinator import Coordinator
+from lbg.client.lanes import KeyLanes
 from lbg.handlers import AsyncHandler, Context, Hooks
-from lbg.hashing import HashKeyError
-from lbg.lanes import KeyLanes
-from lbg.messages import (
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
+from lbg.model.assignment import is_primary
+from lbg.model.destinations import EventAddress, OutputKind, output_destination
+from lbg.model.group import GroupConfig
+from lbg.model.hashing import HashKeyError
+from lbg.model.messages import (
     REASON_HEADER,
     Event,
     MalformedMessage,
     dead_letter_headers,
     read_event,
 )
-from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
 
 log = logging.getLogger(__name__)
 

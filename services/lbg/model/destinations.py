@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import unquote_to_bytes
 
-from lbg.messages import MalformedMessage, check_key
+from lbg.model.messages import MalformedMessage, check_key
 
 SYSTEM_PREFIX = "_lbg"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-/:+=@~!,;]")

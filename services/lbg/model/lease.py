@@ -44,7 +44,7 @@ class OwnLease:
 
     A new member starts with the lease a heartbeat echoed at once would give, from when the
     broker took its subscription to heartbeats (`start`): no peer has heard of it, so none
-    evicts it before its unclaimed pins wait out a lease and its margin (coordinator.py);
+    evicts it before its unclaimed pins wait out a lease and its margin (client/coordinator.py);
     this spares the queues it was given at start a needless fence while a loaded broker
     sets the subscription up.
     """

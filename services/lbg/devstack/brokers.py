@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lbg.embedded import EmbeddedNats
-from lbg.local_postgres import LocalPostgres
-from lbg.local_rabbitmq import LocalRabbitMQ
+from lbg.devstack.embedded import EmbeddedNats
+from lbg.devstack.postgres import LocalPostgres
+from lbg.devstack.rabbitmq import LocalRabbitMQ
 
 LOCAL_BROKERS = ("nats", "rabbitmq", "messagedb")
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from lbg.embedded import BrokerStartError, free_port
+from lbg.devstack.embedded import BrokerStartError, free_port
 
 POSTGRES_ROOT = Path("/usr/lib/postgresql")
 MESSAGE_DB_PACKAGE = "@eventide/message-db@1.3.1"

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lbg.embedded import BrokerStartError, free_port
+from lbg.devstack.embedded import BrokerStartError, free_port
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 POLL_SECONDS = 0.2

@@ -17,12 +17,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lbg.broker import connect_broker
-from lbg.chaos import Action, ChaosPolicy, Fault, FaultRecord, choose_action, duplicate_cause, tally
-from lbg.demo import Timeline
-from lbg.group import GroupConfig
-from lbg.local import LocalDeployment
-from lbg.local_brokers import BrokerEndpoint
-from lbg.sequence import Observation, Outcome, Report
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.devstack.chaos import (
+    Action,
+    ChaosPolicy,
+    Fault,
+    FaultRecord,
+    choose_action,
+    duplicate_cause,
+    tally,
+)
+from lbg.devstack.demo import Timeline
+from lbg.devstack.deployment import LocalDeployment
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Observation, Outcome, Report
 from lbg.settings import BrokerSettings
 from lbg.validator import Validator, run_validator, wait_until_complete
 

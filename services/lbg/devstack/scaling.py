@@ -25,61 +25,22 @@ from pathlib import Path
 import orjson
 
 from lbg.broker.base import Broker
-from lbg.group import GroupConfig
-from lbg.local import script
-from lbg.sequence import Report
+from lbg.cli.localstate import (
+    STATE_FILE,
+    StackError,
+    StackState,
+    alive,
+    load_state,
+    running_state,
+)
+from lbg.devstack.deployment import script
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Report
 
 log = logging.getLogger(__name__)
-DEFAULT_FOLDER = "var/local"
-STATE_FILE = "state.json"
 REPORT_FILE = "validator-report.json"
 STOP_TIMEOUT = 15.0
 VERDICT_TIMEOUT = 30.0
-
-
-class StackError(Exception):
-    """The local stack is missing or in a state the command cannot work with."""
-
-
-@dataclasses.dataclass
-class StackState:
-    """What `lbg local up` started: enough to find, scale and stop it from another process."""
-
-    broker_url: str
-    group: str
-    admin_url: str | None = None
-    broker_pid: int | None = None
-    others: dict[str, int] = dataclasses.field(default_factory=dict)
-    clients: dict[str, int] = dataclasses.field(default_factory=dict)
-    next_client: int = 0
-    client_args: list[str] = dataclasses.field(default_factory=list)
-    metrics_port: int = 0
-
-    def metrics_args(self, offset: int) -> list[str]:
-        """`--metrics-port` for the daemon `offset` ports above the stack's base (none if 0):
-        the validator serves on the base, the publisher on base+1, client-N on base+2+N."""
-        return ["--metrics-port", str(self.metrics_port + offset)] if self.metrics_port else []
-
-    @property
-    def pids(self) -> list[int]:
-        """Every process the stack started."""
-        broker = [] if self.broker_pid is None else [self.broker_pid]
-        return [*broker, *self.others.values(), *self.clients.values()]
-
-
-def alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def stop_process(pid: int, timeout: float = STOP_TIMEOUT) -> None:
@@ -112,11 +73,7 @@ class LocalStack:
 
     def running(self) -> StackState | None:
         """The state of a stack that still has a live process here; None if there is none."""
-        try:
-            state = self.load()
-        except StackError:
-            return None
-        return state if any(alive(pid) for pid in state.pids) else None
+        return running_state(self.folder)
 
     def clear(self) -> None:
         """Remove what an earlier run left (logs, report, broker data, a stale state file), so
@@ -126,13 +83,8 @@ class LocalStack:
         shutil.rmtree(self.folder / "nats", ignore_errors=True)
 
     def load(self) -> StackState:
-        try:
-            data = orjson.loads(self.state_path.read_bytes())
-        except FileNotFoundError:
-            raise StackError(f"no local stack in {self.folder} (start one: lbg local up)") from None
-        except orjson.JSONDecodeError as exc:
-            raise StackError(f"{self.state_path}: not valid JSON ({exc})") from None
-        return StackState(**data)
+        """The stack's state; StackError if there is none or it is unreadable."""
+        return load_state(self.folder)
 
     def save(self, state: StackState) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

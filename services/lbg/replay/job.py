@@ -8,23 +8,16 @@ sequence is the row's rank within its key in that sorted partition, so a retried
 the same (key, seq) pairs again: brokers that deduplicate (NATS, Message DB) drop them, on the
 others the validator counts them as duplicates, never as reorders.
 
-Runnable as `spark-submit services/lbg/replay.py ...` as well as `lbg-replay ...`.
+`lbg-replay ...` runs it, as does `spark-submit services/lbg/cli/replay.py ...`.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":
-    # spark-submit runs this file as a script, which puts its folder first on sys.path, where
-    # lbg's own operator.py would shadow the standard library's module of that name.
-    _here = os.path.dirname(os.path.realpath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _here]
-
 import asyncio
 import glob
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -38,8 +31,8 @@ import pyarrow as pa
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.group import GroupConfig
-from lbg.messages import MalformedMessage, check_key
+from lbg.model.group import GroupConfig
+from lbg.model.messages import MalformedMessage, check_key
 from lbg.publisher import HashedPublisher, PublishStats
 from lbg.settings import BrokerSettings
 
@@ -513,9 +506,3 @@ def replay(
         f" {result.retried_tasks} tasks retried"
     )
     return result
-
-
-if __name__ == "__main__":
-    from lbg.cli.replay import main
-
-    main()

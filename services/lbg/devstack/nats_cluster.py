@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from lbg.embedded import BrokerStartError, EmbeddedNats, free_port
+from lbg.devstack.embedded import BrokerStartError, EmbeddedNats, free_port
 
 CLUSTER_NAME = "lbg"
 POLL_SECONDS = 0.2

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbg.broker import connect_broker
-from lbg.group import GroupConfig
-from lbg.local import LocalDeployment
-from lbg.replay import ReplayOptions, ReplayResult, replay
-from lbg.sequence import Report
+from lbg.devstack.deployment import LocalDeployment
+from lbg.model.group import GroupConfig
+from lbg.model.sequence import Report
+from lbg.replay.job import ReplayOptions, ReplayResult, replay
+from lbg.replay.spark import console_to, spark_session
 from lbg.settings import BrokerSettings
-from lbg.spark import console_to, spark_session
 from lbg.validator import Validator, run_validator, wait_until_complete
 
 if TYPE_CHECKING:

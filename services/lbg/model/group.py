@@ -9,7 +9,7 @@ from typing import Any, Self
 
 import orjson
 
-from lbg.hashing import HASH_FUNCTIONS, bucket_for
+from lbg.model.hashing import HASH_FUNCTIONS, bucket_for
 
 MAX_HASH_COUNT = 100_000
 # The whole group's spool (QS x QC MB) in bytes must fit a signed 64-bit integer, as brokers

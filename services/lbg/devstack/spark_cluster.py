@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from lbg.embedded import free_port
+from lbg.devstack.embedded import free_port
 
 STATE_FILE = "cluster.json"
 START_TIMEOUT = 60.0

@@ -1,6 +1,6 @@
 """The chaos soak's pure decisions: which fault to inject next, and why a duplicate happened.
 
-The soak runner (lbg.soak) applies the actions to real processes; keeping the choices here
+The soak runner (lbg.devstack.soak) applies the actions to real processes; keeping the choices here
 makes them testable without a broker: the pool never drops below its minimum of live
 clients, a stopped client is always woken again, and every duplicate gets a cause.
 """

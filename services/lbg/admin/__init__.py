@@ -1,0 +1,1 @@
+"""What cg-admin and the operator commands do: status, route, move, resize."""

@@ -1,0 +1,1 @@
+"""The consumer runtime: the client, its coordinator and membership, per-key lanes."""

@@ -1,0 +1,217 @@
+"""The group's control channel, one wire format: heartbeats and the operator's messages.
+
+Every member of a dynamic group publishes a `Heartbeat` on the group's control destination
+(client/membership.py keeps the view built from them). Next to the heartbeats travel messages that
+`Heartbeat.decode` rejects (they have no member and state):
+
+- ``{"move": {"queue": q, "to": member, "at": version}}``, sent by `lbg move`;
+- ``{"overrides": {"q": {"to": member, "at": version}, ...}, "dropped": {"q": version},
+  "from": member}``, which every member that knows of overrides repeats about once a second,
+  and at its next heartbeat when it hears a new member, a probe, or someone repeating an
+  override it knows to be dropped or superseded, so members that join later (or missed the
+  move, or were cut off while its member died) catch up;
+- ``{"probe": sender}``, sent by the operator commands when they start listening, so that
+  the members repeat their overrides at once rather than within the second;
+- ``{"resized": generation}``, sent by `cg-admin resize` once a resizable group's new size is
+  stored, so that the members read it at once (the heartbeats carry each member's generation
+  too, so one that missed this catches up from the others).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import orjson
+
+from lbg.model.messages import MalformedMessage
+
+MOVE = "move"
+OVERRIDES = "overrides"
+PROBE = "probe"
+RESIZED = "resized"
+GOSSIP_SECONDS = 1.0
+MEMBER_CHARS = 200
+
+
+class MemberState(StrEnum):
+    """What a member says about itself in its heartbeat."""
+
+    ACTIVE = "active"
+    LEAVING = "leaving"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One member's word: its state, the queues it serves (with the broker's pin for each),
+    the queues it is ready to take (a standby pull is waiting), the generation of the
+    group's config it runs (a resizable group's size changes with it) and its number, by
+    which the member knows its own heartbeat when the broker relays it back."""
+
+    member: str
+    state: MemberState
+    owns: Mapping[int, str] = field(default_factory=dict)
+    wants: frozenset[int] = frozenset()
+    generation: int = 0
+    beat: int = 0
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "m": self.member,
+                "st": self.state.value,
+                "o": {str(q): pin for q, pin in self.owns.items()},
+                "w": sorted(self.wants),
+                "g": self.generation,
+                "n": self.beat,
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Heartbeat:
+        """Parse a heartbeat, raising MalformedMessage if it is not one."""
+        try:
+            obj = orjson.loads(body)
+            return cls(
+                member=str(obj["m"]),
+                state=MemberState(obj["st"]),
+                owns={int(q): str(pin) for q, pin in obj.get("o", {}).items()},
+                wants=frozenset(int(q) for q in obj.get("w", [])),
+                generation=parse_generation(obj.get("g", 0)),
+                beat=int(obj.get("n", 0)),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
+
+
+def parse_generation(value: object) -> int:
+    """A config generation as sent in a control message: an integer >= 0, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"generation must be an integer >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """Queue `queue` goes to member `to`; of two overrides of a queue the higher `at` wins."""
+
+    queue: int
+    to: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """An operator's planned move (`lbg move`)."""
+
+    override: Override
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideGossip:
+    """One member's overrides and the versions it dropped, repeated so others catch up."""
+
+    sender: str
+    overrides: tuple[Override, ...]
+    dropped: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """An operator command started listening: members repeat their overrides now."""
+
+    sender: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resized:
+    """The group's config now has this generation (a new size): members read it now."""
+
+    generation: int
+
+
+ControlMessage = Move | OverrideGossip | Probe | Resized
+
+
+def encode_move(override: Override) -> bytes:
+    return orjson.dumps({MOVE: {"queue": override.queue, "to": override.to, "at": override.at}})
+
+
+def encode_gossip(
+    sender: str, overrides: Iterable[Override], dropped: Mapping[int, float] | None = None
+) -> bytes:
+    entries = {str(o.queue): {"to": o.to, "at": o.at} for o in overrides}
+    retired = {str(q): at for q, at in sorted((dropped or {}).items())}
+    return orjson.dumps({OVERRIDES: entries, "dropped": retired, "from": sender})
+
+
+def encode_probe(sender: str) -> bytes:
+    return orjson.dumps({PROBE: sender})
+
+
+def encode_resized(generation: int) -> bytes:
+    return orjson.dumps({RESIZED: generation})
+
+
+def _queue(queue: object) -> int:
+    if isinstance(queue, str) and queue.isdigit():
+        queue = int(queue)
+    if not isinstance(queue, int) or isinstance(queue, bool) or queue < 0:
+        raise MalformedMessage(f"override: queue must be an integer >= 0, got {queue!r}")
+    return queue
+
+
+def _version(queue: int, at: object) -> float:
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise MalformedMessage(f"override of queue {queue}: bad version {at!r}")
+    return float(at)
+
+
+def _override(queue: object, entry: object) -> Override:
+    if not isinstance(entry, dict):
+        raise MalformedMessage(f"override of queue {queue!r}: expected an object")
+    number = _queue(queue)
+    to = entry.get("to")
+    if not isinstance(to, str) or not 0 < len(to) <= MEMBER_CHARS:
+        raise MalformedMessage(f"override of queue {number}: bad member {to!r}")
+    return Override(number, to, _version(number, entry.get("at")))
+
+
+def decode_control(body: bytes) -> ControlMessage | None:
+    """Parse an operator control message; None if the body is not one (e.g. a heartbeat),
+    MalformedMessage if it says it is one but is not well-formed."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if MOVE in obj:
+        move = obj[MOVE]
+        if not isinstance(move, dict):
+            raise MalformedMessage("bad move: expected an object")
+        return Move(_override(move.get("queue"), move))
+    if OVERRIDES in obj:
+        entries, dropped, sender = obj[OVERRIDES], obj.get("dropped", {}), obj.get("from")
+        if not (isinstance(entries, dict) and isinstance(dropped, dict)):
+            raise MalformedMessage("bad overrides: expected objects")
+        if not isinstance(sender, str):
+            raise MalformedMessage("bad overrides: no sender")
+        return OverrideGossip(
+            sender,
+            tuple(_override(q, e) for q, e in entries.items()),
+            tuple((_queue(q), _version(_queue(q), at)) for q, at in dropped.items()),
+        )
+    if PROBE in obj:
+        if not isinstance(obj[PROBE], str):
+            raise MalformedMessage("bad probe: expected its sender")
+        return Probe(obj[PROBE])
+    if RESIZED in obj:
+        try:
+            return Resized(parse_generation(obj[RESIZED]))
+        except ValueError as exc:
+            raise MalformedMessage(f"bad resized: {exc}") from None
+    return None
