@@ -140,7 +140,7 @@ def cut_off_and_healed(
     by_a = [w for w in writes if w.writer == "client-a"]
     zombies = zombie_writes(writes, "client-a", cut_at, healed_at)
     last_a = max((w.at for w in by_a if cut_at <= w.at < healed_at), default=cut_at)
-    keys_a = {w.key for w in by_a if w.at < cut_at}
+    keys_a = {w.key for w in by_a if cut_at - 1 <= w.at < cut_at}  # what it served at the cut
     taken_at = min(
         (w.at for w in writes if w.writer != "client-a" and w.at >= cut_at and w.key in keys_a),
         default=healed_at,
