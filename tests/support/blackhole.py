@@ -82,7 +82,7 @@ class Blackhole:
         check_usable()
         remove_stale_chains()
         self._parts = parts
-        self._chain = f"{CHAIN_PREFIX}{os.getpid()}-{next(_numbers)}"
+        self.chain = f"{CHAIN_PREFIX}{os.getpid()}-{next(_numbers)}"
         self._reserved = socket.socket()
         self._reserved.bind(("127.0.0.1", 0))
         self.port = self._reserved.getsockname()[1]
@@ -90,10 +90,10 @@ class Blackhole:
         self._match += ["--ctorigdstport", str(self.port)]
         try:
             for table in ("nat", "filter"):
-                _iptables("-t", table, "-N", self._chain)
-                _iptables("-t", table, "-I", "OUTPUT", "-j", self._chain)
+                _iptables("-t", table, "-N", self.chain)
+                _iptables("-t", table, "-I", "OUTPUT", "-j", self.chain)
             _iptables(
-                "-t", "nat", "-A", self._chain, "-p", "tcp", "-d", "127.0.0.1",
+                "-t", "nat", "-A", self.chain, "-p", "tcp", "-d", "127.0.0.1",
                 "--dport", str(self.port), "-j", "DNAT",
                 "--to-destination", f"127.0.0.1:{parts.port}",
             )  # fmt: skip
@@ -110,14 +110,14 @@ class Blackhole:
 
     def cut(self) -> None:
         """Drop every packet of this port's connections, both ways; sockets stay open."""
-        _iptables("-A", self._chain, *self._match, "-j", "DROP")
+        _iptables("-A", self.chain, *self._match, "-j", "DROP")
 
     def heal(self) -> None:
         """Let the packets through again: TCP retransmits what both ends held."""
-        _iptables("-F", self._chain)
+        _iptables("-F", self.chain)
 
     def close(self) -> None:
         """Remove both chains and free the port."""
         for table in ("filter", "nat"):
-            _remove_chain(table, self._chain)
+            _remove_chain(table, self.chain)
         self._reserved.close()
