@@ -38,17 +38,22 @@ POSTGRES_INITDB := /usr/lib/postgresql/15/bin/initdb
 $(POSTGRES_INITDB):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql npm
 
-test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB)  ## lint, then every test that the default run includes
+# iptables for the partition test's kernel-made variant (DROP on loopback): Debian's package.
+IPTABLES := /usr/sbin/iptables
+$(IPTABLES):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables
+
+test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB) $(IPTABLES)  ## lint, then every test that the default run includes
 	$(BIN)/ruff check services tests bench examples loadtest
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(ARGS)
 
 test-solace: $(STAMP)  ## the behaviour suite on a real Solace broker: needs LBG_TEST_SOLACE_* (README)
 	LBG_TEST_BROKERS=solace $(BIN)/python -m pytest -m "solace or not slow" tests/integration $(ARGS)
 
-test-messagedb: $(STAMP) $(POSTGRES_INITDB)  ## the behaviour suite on Message DB (about 6 minutes)
+test-messagedb: $(STAMP) $(POSTGRES_INITDB) $(IPTABLES)  ## the behaviour suite on Message DB (about 6 minutes)
 	LBG_TEST_BROKERS=messagedb $(BIN)/python -m pytest tests/integration $(ARGS)
 
-test-slow: $(STAMP)  ## long soak and scale tests only
+test-slow: $(STAMP) $(IPTABLES)  ## long soak and scale tests only
 	$(BIN)/python -m pytest -m slow $(ARGS)
 
 SOAK_SECONDS ?= 600
