@@ -107,12 +107,16 @@ class QueueState:
         if epoch == self.epoch and self.pin is not None:
             self.pending.pop(seq, None)
 
-    def hand_over(self) -> None:
+    def hand_over(self, last: Puller | None = None) -> None:
         """Pin a queue nobody holds to the first pulling preferred binding, else to the first
-        pulling one; the new owner gets the next epoch and the unacked events first."""
+        pulling one (`last`, the owner just unpinned, only if nobody else pulls: the others'
+        pulls were waiting already); the new owner gets the next epoch and the unacked events
+        first."""
         if self.owner is not None:
             return
-        pulling = [b for b in self.bindings if b.pulling()]
+        pulling = [b for b in self.bindings if b.pulling() and b is not last]
+        if not pulling and last is not None and last.pulling():
+            pulling = [last]
         chosen = next((b for b in pulling if b.preferred), pulling[0] if pulling else None)
         if chosen is None:
             return
@@ -127,7 +131,7 @@ class QueueState:
         owner, self.owner, self.pin = self.owner, None, None
         if owner is not None:
             owner.unpinned(reason)
-        self.hand_over()
+        self.hand_over(owner)
 
     def stopped_pulling(self, puller: Puller, timeout: float) -> None:
         """The owner stopped pulling with its pin: the pin lapses `timeout` later unless it
