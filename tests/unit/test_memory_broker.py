@@ -188,9 +188,12 @@ def test_the_control_channel_reaches_every_subscriber_but_not_from_a_cut_off_mem
         memory_store("t").partition("a")
         await a.publish_control("g", b"lost")
         memory_store("t").partition("a", cut=False)
+        memory_store("t").deafen("b")
+        await a.publish_control("g", b"not to b")
+        memory_store("t").deafen("b", deaf=False)
         await unsubscribe()
         await a.publish_control("g", b"two")
-        assert heard == {"a": [b"one", b"two"], "b": [b"one"]}
+        assert heard == {"a": [b"one", b"not to b", b"two"], "b": [b"one"]}
 
     run(scenario)
 

@@ -161,6 +161,7 @@ class Connection:
     priority_timeout: float
     alive: bool = True
     cut: bool = False
+    deaf: bool = False
     bindings: list[BindingHandle] = field(default_factory=list)
     subscriptions: list[tuple[str, ControlHandler]] = field(default_factory=list)
 
@@ -221,6 +222,12 @@ class MemoryStore:
                 else:
                     binding.resync()
                     binding.state.hand_over()
+
+    def deafen(self, client: str, deaf: bool = True) -> None:
+        """Let a client's control subscriptions hear nothing (a lost or lagging subscription:
+        its own heartbeats stop coming back) while its requests still work."""
+        for connection in self._of(client):
+            connection.deaf = deaf
 
     def kill(self, client: str) -> None:
         """Close a client's connections as a crash would, without unpinning anything."""
@@ -305,7 +312,7 @@ class MemoryStore:
         if not connection.reachable:
             return
         for other in self.connections:
-            if not other.reachable:
+            if not other.reachable or other.deaf:
                 continue
             for subscribed, handler in list(other.subscriptions):
                 if subscribed != group:
