@@ -21,7 +21,7 @@ from lbg.aio import cancel_and_wait
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
-from lbg.client.client import DynamicRole, LbgClient
+from lbg.client.client import DynamicRole, LbgClient, Role, StaticRole
 from lbg.handlers import Context, republish
 from lbg.model.group import GroupConfig
 from lbg.model.messages import Event
@@ -115,9 +115,12 @@ class Group:
         if gate is not None:
             await gate.wait()
 
-    async def join(self, name: str) -> None:
+    async def join(self, name: str, role: Role | None = None) -> None:
         broker = await connect_broker(BrokerSettings(url=URL), name)
-        client = LbgClient(broker, "g", CONFIG, name, self.handle, self.role, window=self.window)
+        role = role or self.role
+        client = LbgClient(
+            broker, "g", CONFIG, name, self.handle, role, cycle_seconds=0.1, window=self.window
+        )
         stop = asyncio.Event()
         token = MEMBER.set(name)
         try:
@@ -284,6 +287,23 @@ def test_a_cut_off_member_processes_nothing_once_its_successor_started() -> None
     group.check_in_order()
     group.check_epochs()
     assert group.members == {}
+
+
+def test_static_primaries_reclaim_their_queues_from_a_secondary_with_nothing_repeated() -> None:
+    async def scenario(group: Group) -> None:
+        await group.join("s1", StaticRole(1, 2))
+        await until(lambda: len(group.members["s1"].client.stats.active) == 6)
+        group.delay = 0.005
+        await group.publish(100)
+        await group.join("s0", StaticRole(0, 2))
+        await group.publish(100)
+        await until(lambda: group.members["s0"].client.stats.active == {0, 2, 4})
+        assert group.members["s1"].client.stats.active == {1, 3, 5}
+        await group.settle()
+
+    group = run(scenario)
+    group.check_once()
+    group.check_in_order()
 
 
 def test_lanes_run_keys_concurrently_and_each_key_in_order() -> None:

@@ -275,11 +275,11 @@ class MemoryStore:
         if levels[0] == SYSTEM_PREFIX:
             self._publish_output(levels, body, headers)
             return
-        bucket = int(levels[1]) if len(levels) > 2 and levels[1].isdigit() else None
+        bucket = int(levels[1]) if len(levels) > 2 and levels[1].isdigit() else -1
         targets = [
             (name, config)
             for name, config in self.groups.items()
-            if config.hash_prefix == levels[0] and bucket is not None and bucket < config.hash_count
+            if config.hash_prefix == levels[0] and 0 <= bucket < config.hash_count
         ]
         if not targets:
             raise PublishError(f"no group takes events published to {destination}")
@@ -287,7 +287,7 @@ class MemoryStore:
         for name, config in targets:
             self._seq += 1
             event = StoredEvent(self._seq, subject, body, dict(headers))
-            self.queues[name][config.queue_for_bucket(bucket or 0)].append(event)
+            self.queues[name][config.queue_for_bucket(bucket)].append(event)
 
     def _publish_output(
         self, levels: tuple[str, ...], body: bytes, headers: dict[str, str]
