@@ -17,7 +17,7 @@ from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 CONFIG = GroupConfig(hash_prefix="hp", hash_count=4, queue_count=2)
-TIMEOUT = 0.05
+TIMEOUT = 0.02
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -234,7 +234,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(OPS)
 def test_any_interleaving_keeps_one_owner_rising_epochs_and_in_order_redelivery(ops) -> None:
     async def scenario() -> None:
