@@ -53,9 +53,11 @@ class MemoryQueueBinding(EpochBinding):
         return running and self._connection.reachable
 
     def holds(self, pin: str) -> bool:
+        """True while it pulls with `pin` (the broker keeps a pin only while it does)."""
         return self.pulling() and self._pin == pin
 
     def pinned(self, pin: str, epoch: int) -> None:
+        """The broker made it the owner: a new stint, under the queue's next epoch."""
         self._new_epoch()
         self._pin = pin
         self._owner_epoch = epoch
@@ -63,16 +65,19 @@ class MemoryQueueBinding(EpochBinding):
         self.wake()
 
     def unpinned(self, reason: str) -> None:
+        """The broker took the queue: its next pull hears so (once reachable again)."""
         if self._connection.reachable:
             self._lose(f"fenced by the broker: {reason}")
 
     def resync(self) -> None:
+        """Back from a cut: drop the queue if the broker moved it meanwhile, else go on."""
         if self._pin is not None and self.state.pin != self._pin:
             self._lose("fenced by the broker: the queue moved while cut off")
         elif self._pin is not None:
             self.wake()
 
     def wake(self) -> None:
+        """Let a waiting `next()` look again."""
         self._wake.set()
 
     async def next(self) -> Delivery:

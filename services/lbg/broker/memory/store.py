@@ -87,6 +87,7 @@ class QueueState:
         self.epoch = 0
 
     def append(self, event: StoredEvent) -> None:
+        """Queue a published event behind the others and wake the owner."""
         self.pending[event.seq] = event
         self.cursor.append(event.seq)
         if self.owner is not None:
@@ -142,11 +143,13 @@ class QueueState:
         asyncio.get_running_loop().call_later(timeout, self._lapse, pin)
 
     def _lapse(self, pin: str) -> None:
+        """The priority timeout passed: unpin if the owner still does not pull with `pin`."""
         if self.pin == pin and self.owner is not None and not self.owner.holds(pin):
             log.info("queue %s: pin %s lapsed (priority timeout)", self.name, pin)
             self.unpin("priority timeout")
 
     def status(self, queue: int, buckets: list[int]) -> QueueStatus:
+        """Backlog (not handed out yet), in flight (handed out, unacked) and the owner."""
         in_flight = len(self.pending) - len(self.cursor)
         client = self.owner.client if self.owner is not None else None
         return QueueStatus(queue, self.name, buckets, len(self.cursor), in_flight, client)
@@ -167,6 +170,7 @@ class Connection:
 
     @property
     def reachable(self) -> bool:
+        """True while the broker hears this connection (open, not cut off)."""
         return self.alive and not self.cut
 
     def check(self) -> None:
@@ -207,6 +211,7 @@ class MemoryStore:
         self._seq = 0
 
     def connect(self, client: str, priority_timeout: float) -> Connection:
+        """A new connection of `client`; the store's own priority timeout wins if it has one."""
         timeout = self.priority_timeout if self.priority_timeout is not None else priority_timeout
         connection = Connection(self, client, timeout)
         self.connections.append(connection)
@@ -238,6 +243,7 @@ class MemoryStore:
         return [c for c in self.connections if c.client == client and c.alive]
 
     def create_group(self, name: str, config: GroupConfig) -> None:
+        """Store the config and make its queues and outputs; refuse a clash as NATS does."""
         if name in self.groups:
             raise GroupExists(f"group '{name}' exists")
         for other, existing in self.groups.items():
@@ -248,21 +254,25 @@ class MemoryStore:
         self.outputs[name] = []
 
     def read_group(self, name: str) -> GroupConfig:
+        """The group's config; GroupNotFound if there is none."""
         if name not in self.groups:
             raise GroupNotFound(f"group '{name}' not found on memory://{self.name}")
         return self.groups[name]
 
     def delete_group(self, name: str) -> None:
+        """Forget the group's config, queues and outputs."""
         self.read_group(name)
         del self.groups[name], self.queues[name], self.outputs[name]
 
     def queue(self, group: str, queue: int) -> QueueState:
+        """One queue of a group, checked to exist."""
         config = self.read_group(group)
         if not 0 <= queue < config.queue_count:
             raise BrokerError(f"group '{group}' has no queue {queue}")
         return self.queues[group][queue]
 
     def queue_status(self, name: str) -> list[QueueStatus]:
+        """Every queue's status, in queue order."""
         config = self.read_group(name)
         return [
             state.status(q, config.buckets_for_queue(q))
@@ -301,9 +311,11 @@ class MemoryStore:
             reader.set()
 
     def add_reader(self, wake: asyncio.Event) -> None:
+        """Set `wake` whenever an output message is stored (read_output waits on it)."""
         self._readers.add(wake)
 
     def remove_reader(self, wake: asyncio.Event) -> None:
+        """Stop waking a reader that is gone."""
         self._readers.discard(wake)
 
     def publish_control(self, connection: Connection, group: str, body: bytes) -> None:
