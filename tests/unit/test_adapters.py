@@ -18,6 +18,7 @@ CLASSES = {
     "rabbitmq": "lbg.broker.rabbitmq.adapter:RabbitBroker",
     "solace": "lbg.broker.solace.adapter:SolaceBroker",
     "messagedb": "lbg.broker.messagedb.adapter:MessageDbBroker",
+    "memory": "lbg.broker.memory.adapter:MemoryBroker",
 }
 BASE = Path(__file__).resolve().parents[2] / "services" / "lbg" / "broker" / "base.py"
 

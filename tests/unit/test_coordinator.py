@@ -1,10 +1,18 @@
-"""The coordinator's eviction rules, with a fake broker, fake bindings and a manual clock."""
+"""The coordinator's eviction rules, on the memory broker with a manual clock: queue 0 is
+pinned to a client this member has not heard of, and this member stands by for it."""
 
 import asyncio
-from collections.abc import Callable
 
-from lbg.broker.base import QueueBinding
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker
+from lbg.broker.memory import memory_store, reset_memory_brokers
+from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import Coordinator
+from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
+
+URL = "memory://coordinator"
+CONFIG = GroupConfig(hash_prefix="hp", hash_count=1, queue_count=1)
 
 
 class Clock:
@@ -15,129 +23,80 @@ class Clock:
         return self.now
 
 
-class FakeBroker:
-    """Relays control messages back to the subscriber at once (while `relaying`), as a broker
-    relays a member's own heartbeats."""
-
-    def __init__(self) -> None:
-        self.handler: Callable[[bytes], None] | None = None
-        self.relaying = True
-
-    async def publish_control(self, group: str, body: bytes) -> None:
-        if self.handler is not None and self.relaying:
-            self.handler(body)
-
-    async def subscribe_control(self, group: str, handler: Callable[[bytes], None]):
-        self.handler = handler
-
-        async def unsubscribe() -> None:
-            return None
-
-        return unsubscribe
+async def bind(client: str, preferred: bool = False) -> tuple[Broker, MemoryQueueBinding]:
+    broker = await connect_broker(BrokerSettings(url=URL), client)
+    binding = await broker.bind("g", CONFIG, 0, client, preferred=preferred)
+    assert isinstance(binding, MemoryQueueBinding)
+    return broker, binding
 
 
-class FakeBinding(QueueBinding):
-    """A standby binding of a queue the broker has pinned to `holder`."""
+async def held_by(*holders: str) -> tuple[Broker, list[MemoryQueueBinding], MemoryQueueBinding]:
+    """A fresh group whose queue 0 the first of `holders` holds (the others stand by, the
+    next one preferred), and this member's ("me") standby binding of it."""
+    reset_memory_brokers()
+    admin = await connect_broker(BrokerSettings(url=URL), "admin")
+    await admin.create_group("g", CONFIG)
+    held = [(await bind(holder, preferred=i > 0))[1] for i, holder in enumerate(holders)]
+    broker, mine = await bind("me")
+    assert held[0].active and not mine.active
+    return broker, held, mine
 
-    def __init__(self, queue: int, holder: str | None) -> None:
-        self.queue = queue
-        self.holder = holder
-        self.evicted: list[str] = []
 
-    active = False
-    pin = None
-    waiting = True
-
-    def set_preferred(self, preferred: bool) -> None:
-        return None
-
-    def suspend(self, suspended: bool) -> None:
-        return None
-
-    async def pinned_by(self) -> str | None:
-        return self.holder
-
-    async def evict(self, pin: str) -> bool:
-        self.evicted.append(pin)
-        self.holder = None
-        return True
-
-    async def next(self):
-        raise NotImplementedError
-
-    def owns(self, delivery) -> bool:
-        return False
-
-    async def ack(self, delivery) -> bool:
-        return False
-
-    def fence(self, reason: str) -> None:
-        return None
-
-    async def release(self, standby_delay: float) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
+def member(broker: Broker, mine: MemoryQueueBinding, clock: Clock) -> Coordinator:
+    return Coordinator(broker, "g", "me", {0: mine}, lambda q: None, interval=0.15, clock=clock)
 
 
 def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> None:
     clock = Clock()
-    binding = FakeBinding(0, holder="pin-of-a-member-not-heard-yet")
-    coordinator = Coordinator(
-        FakeBroker(), "g", "me", {0: binding}, lambda q: None, interval=0.15, clock=clock
-    )
 
     async def rounds() -> None:
+        broker, (held,), mine = await held_by("not-heard-yet")
+        coordinator = member(broker, mine, clock)
         await coordinator.join()
         clock.now += 0.01  # a second round right away (e.g. woken by a newcomer)
         await coordinator.tick()
         for _ in range(5):  # 0.75 s: its owner may have been cut off right after the pin
             clock.now += 0.15
             await coordinator.tick()
-            assert binding.evicted == [], "evicted a pin whose owner may still hold its lease"
+            assert held.active, "evicted a pin whose owner may still hold its lease"
         clock.now += 0.15
         await coordinator.tick()
+        assert not held.active and mine.active, "the unclaimed pin was evicted, the queue taken"
 
     asyncio.run(rounds())
-    assert binding.evicted == ["pin-of-a-member-not-heard-yet"]
 
 
 def test_a_member_that_hears_nothing_back_evicts_nobody_and_fences_itself() -> None:
     clock = Clock()
-    broker = FakeBroker()
-    binding = FakeBinding(0, holder="pin-of-a-member-not-heard-yet")
-    coordinator = Coordinator(
-        broker, "g", "me", {0: binding}, lambda q: None, interval=0.15, clock=clock
-    )
 
     async def rounds() -> None:
+        broker, (held,), mine = await held_by("not-heard-yet")
+        coordinator = member(broker, mine, clock)
         await coordinator.join()
         assert coordinator.lease_ok()
-        broker.relaying = False  # cut off: heartbeats go into a buffer, none comes back
+        memory_store("coordinator").deafen("me")  # its heartbeats come back no more
         for _ in range(10):
             clock.now += 0.15
             await coordinator.tick()
+        assert held.active, "evicted on a view it could not have kept current"
+        assert not coordinator.lease_ok()
 
     asyncio.run(rounds())
-    assert binding.evicted == [], "evicted on a view it could not have kept current"
-    assert not coordinator.lease_ok()
 
 
 def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
     clock = Clock()
-    binding = FakeBinding(0, holder="first")
-    coordinator = Coordinator(
-        FakeBroker(), "g", "me", {0: binding}, lambda q: None, interval=0.15, clock=clock
-    )
 
     async def rounds() -> None:
+        broker, (first, second), mine = await held_by("first", "second")
+        coordinator = member(broker, mine, clock)
         await coordinator.join()
         clock.now += 0.5
-        binding.holder = "second"
+        await first.release(0)  # the queue goes to the preferred standby: a new pin
+        assert second.active
         await coordinator.tick()
         clock.now += 0.5
         await coordinator.tick()
+        assert second.active, "evicted a pin seen for half a lease only"
 
     asyncio.run(rounds())
-    assert binding.evicted == []

@@ -2,7 +2,7 @@
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given
@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 
 from lbg.admin.move import MoveRefused, check_move
 from lbg.admin.status import group_status, routes
-from lbg.broker.base import QueueStatus
+from lbg.broker import connect_broker
+from lbg.broker.base import Broker, QueueStatus
+from lbg.broker.memory import reset_memory_brokers
+from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import Coordinator
 from lbg.model.assignment import balanced_assignment
 from lbg.model.control import (
@@ -31,6 +34,7 @@ from lbg.model.group import GroupConfig
 from lbg.model.hashing import bucket_for
 from lbg.model.messages import MalformedMessage
 from lbg.model.overrides import OverrideBook, assign_with_overrides
+from lbg.settings import BrokerSettings
 
 
 class Clock:
@@ -220,39 +224,25 @@ def test_overrides_of_absent_members_or_queues_out_of_range_are_ignored() -> Non
 # --- the coordinator applies moves ------------------------------------------------------------
 
 
-class FakeBinding:
-    def __init__(self, queue: int, active: bool = False) -> None:
-        self.queue = queue
-        self.active = active
-        self.pin = f"pin-me-{queue}" if active else None
-        self.waiting = False
-        self.preferred = False
-
-    def set_preferred(self, preferred: bool) -> None:
-        self.preferred = preferred
-        self.waiting = preferred and not self.active
-
-    async def pinned_by(self) -> str | None:
-        return None
-
-    def fence(self, reason: str) -> None:
-        self.active = False
-
-    def suspend(self, suspended: bool) -> None:
-        pass
+URL = "memory://operator"
+# Room for the queues a resize adds (4..7); the coordinator is told how many it runs.
+MEMORY_GROUP = GroupConfig(hash_prefix="ops", hash_count=8, queue_count=8)
 
 
-class FakeBroker:
-    """Keeps what was sent; relays heartbeats back to `deliver`, as a broker does."""
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-        self.deliver: Callable[[bytes], None] | None = None
-
-    async def publish_control(self, group: str, body: bytes) -> None:
-        self.sent.append(body)
-        if self.deliver is not None and decode_control(body) is None:
-            self.deliver(body)
+async def bind_queues(
+    broker: Broker, queues: Iterable[int], active: Iterable[int]
+) -> dict[int, MemoryQueueBinding]:
+    """This member's bindings of `queues` on the memory broker: active on `active`, standby
+    elsewhere (another client holds those queues)."""
+    holder = await connect_broker(BrokerSettings(url=URL), "someone-else")
+    bindings: dict[int, MemoryQueueBinding] = {}
+    for queue in queues:
+        if queue not in active:
+            await holder.bind("g", MEMORY_GROUP, queue, "someone-else", preferred=False)
+        binding = await broker.bind("g", MEMORY_GROUP, queue, "me", preferred=False)
+        assert isinstance(binding, MemoryQueueBinding) and binding.active is (queue in active)
+        bindings[queue] = binding
+    return bindings
 
 
 def beat_for(coord: Coordinator, clock: Clock, seconds: float) -> None:
@@ -263,8 +253,19 @@ def beat_for(coord: Coordinator, clock: Clock, seconds: float) -> None:
 
 
 def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
-    broker = FakeBroker()
-    bindings = {q: FakeBinding(q, q in active) for q in range(4)}
+    """A coordinator over four queues of a fresh memory broker, hearing the group's control
+    channel, with every control message sent recorded in `sent`."""
+    reset_memory_brokers()
+    sent: list[bytes] = []
+
+    async def setup() -> tuple[Broker, dict[int, MemoryQueueBinding]]:
+        admin = await connect_broker(BrokerSettings(url=URL), "admin")
+        await admin.create_group("g", MEMORY_GROUP)
+        await admin.subscribe_control("g", sent.append)
+        broker = await connect_broker(BrokerSettings(url=URL), "me")
+        return broker, await bind_queues(broker, range(4), active)
+
+    broker, bindings = asyncio.run(setup())
     released: list[int] = []
     coord = Coordinator(
         broker,
@@ -275,15 +276,16 @@ def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
         interval=0.15,
         lease=0.7,
         clock=clock,
+        queue_count=4,
         **kwargs,
     )
-    broker.deliver = coord._receive
-    return coord, broker, bindings, released
+    asyncio.run(broker.subscribe_control("g", coord._receive))
+    return coord, sent, bindings, released
 
 
 def test_a_member_hears_of_a_newer_size_from_a_heartbeat_or_cg_admin() -> None:
     heard: list[int] = []
-    coord, _broker, _bindings, _released = coordinator(
+    coord, _sent, _bindings, _released = coordinator(
         Clock(), generation=1, on_newer_generation=heard.append
     )
     coord._receive(beat("other", generation=1).encode())
@@ -296,15 +298,15 @@ def test_a_member_hears_of_a_newer_size_from_a_heartbeat_or_cg_admin() -> None:
 
 def test_an_adopted_size_spans_the_assignment_and_travels_in_the_heartbeats() -> None:
     clock = Clock()
-    coord, broker, bindings, _released = coordinator(clock, active=(0, 1, 2, 3))
+    coord, sent, bindings, _released = coordinator(clock, active=(0, 1, 2, 3))
     coord._receive(beat("other").encode())
     assert sorted(coord.desired) == [0, 1, 2, 3]
-    bindings.update({q: FakeBinding(q) for q in range(4, 8)})
+    bindings.update(asyncio.run(bind_queues(coord._broker, range(4, 8), active=())))
     coord.adopt(1, 8)
     assert sorted(coord.desired) == list(range(8))
     assert sorted(coord.desired.values()).count("other") == 4, "the new queues go to the idle peer"
     asyncio.run(coord.tick())
-    assert Heartbeat.decode(broker.sent[-1]).generation == 1
+    assert Heartbeat.decode(sent[-1]).generation == 1
     del bindings[3], bindings[2]
     for q in range(4, 8):
         del bindings[q]
@@ -314,7 +316,7 @@ def test_an_adopted_size_spans_the_assignment_and_travels_in_the_heartbeats() ->
 
 def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> None:
     clock = Clock()
-    coord, _broker, bindings, released = coordinator(clock, active=(0, 1))
+    coord, _sent, bindings, released = coordinator(clock, active=(0, 1))
     coord._receive(beat("other", owns=[2, 3]).encode())
     coord.rebalance()
     assert coord.desired == {0: "me", 1: "me", 2: "other", 3: "other"}
@@ -329,28 +331,28 @@ def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> No
 
 def test_the_coordinator_repeats_its_overrides_and_answers_a_probe() -> None:
     clock = Clock()
-    coord, broker, _bindings, _released = coordinator(clock)
+    coord, sent, _bindings, _released = coordinator(clock)
     coord._receive(beat("other").encode())
     asyncio.run(coord.tick())
-    assert not [b for b in broker.sent if decode_control(b)], "nothing to repeat yet"
+    assert not [b for b in sent if decode_control(b)], "nothing to repeat yet"
     coord._receive(encode_move(Override(1, "other", 5.0)))
     asyncio.run(coord.tick())
-    gossip = [decode_control(b) for b in broker.sent if decode_control(b)]
+    gossip = [decode_control(b) for b in sent if decode_control(b)]
     assert gossip == [OverrideGossip("me", (Override(1, "other", 5.0),))]
-    broker.sent.clear()
+    sent.clear()
     clock.now += 0.15
     coord._receive(beat("other").encode())
     asyncio.run(coord.tick())
-    assert not [b for b in broker.sent if decode_control(b)], "at most once a second"
+    assert not [b for b in sent if decode_control(b)], "at most once a second"
     coord._receive(encode_probe("lbg"))
     clock.now += 0.15
     coord._receive(beat("other").encode())
     asyncio.run(coord.tick())
-    assert [b for b in broker.sent if decode_control(b)], "a probe is answered at the next beat"
+    assert [b for b in sent if decode_control(b)], "a probe is answered at the next beat"
 
 
 def test_a_later_member_learns_overrides_from_gossip() -> None:
-    coord, _broker, _bindings, _released = coordinator(Clock())
+    coord, _sent, _bindings, _released = coordinator(Clock())
     coord._receive(beat("other").encode())
     coord._receive(encode_gossip("other", [Override(2, "me", 3.0), Override(1, "other", 3.0)]))
     assert coord.desired[2] == "me" and coord.desired[1] == "other"
@@ -358,7 +360,7 @@ def test_a_later_member_learns_overrides_from_gossip() -> None:
 
 def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
     clock = Clock()
-    coord, _broker, _bindings, _released = coordinator(clock)
+    coord, _sent, _bindings, _released = coordinator(clock)
     for member in ("x", "y"):
         coord._receive(beat(member).encode())
     coord._receive(encode_move(Override(0, "x", 1.0)))
@@ -374,18 +376,18 @@ def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
 
 def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
     clock = Clock()
-    coord, broker, _bindings, _released = coordinator(clock)
+    coord, sent, _bindings, _released = coordinator(clock)
     coord._receive(beat("x").encode())
     coord._receive(encode_move(Override(0, "x", 1.0)))
     beat_for(coord, clock, 1.0)  # x's lease lapses: dropped here
     coord._receive(beat("late").encode())
     asyncio.run(coord.tick())
-    broker.sent.clear()
+    sent.clear()
     clock.now += 0.15
     coord._receive(beat("late").encode())
     coord._receive(encode_gossip("late", [Override(0, "x", 1.0)]))  # late was cut off
     asyncio.run(coord.tick())
-    replies = [m for b in broker.sent if isinstance(m := decode_control(b), OverrideGossip)]
+    replies = [m for b in sent if isinstance(m := decode_control(b), OverrideGossip)]
     assert replies == [OverrideGossip("me", (), ((0, 1.0),))]
     other, *_ = coordinator(Clock())
     other._receive(beat("x").encode())
@@ -396,7 +398,7 @@ def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
 
 def test_a_member_whose_own_heartbeats_lapsed_drops_the_overrides_to_itself() -> None:
     clock = Clock()
-    coord, _broker, _bindings, _released = coordinator(clock)
+    coord, _sent, _bindings, _released = coordinator(clock)
     coord._receive(encode_move(Override(0, "me", 1.0)))
     clock.now += 5.0  # SIGSTOP: the others counted it gone and dropped the override
     coord._receive(beat("other").encode())
@@ -405,7 +407,7 @@ def test_a_member_whose_own_heartbeats_lapsed_drops_the_overrides_to_itself() ->
 
 
 def test_a_leaving_member_drops_the_overrides_that_pin_queues_to_it() -> None:
-    coord, _broker, _bindings, _released = coordinator(Clock())
+    coord, _sent, _bindings, _released = coordinator(Clock())
     coord._receive(beat("other").encode())
     coord._receive(encode_move(Override(0, "me", 1.0)))
     asyncio.run(coord.leave())

@@ -45,12 +45,20 @@ async def _messagedb(settings: BrokerSettings, client_name: str, priority_timeou
     return await MessageDbBroker.connect(settings, client_name)
 
 
+async def _memory(settings: BrokerSettings, client_name: str, priority_timeout: float) -> Broker:
+    """Connect to the in-process broker named by the URL (`memory://<name>`)."""
+    from lbg.broker.memory.adapter import MemoryBroker
+
+    return await MemoryBroker.connect(settings, client_name, priority_timeout)
+
+
 # How each adapter of the table connects; its module is imported only then.
 CONNECT: dict[str, Connect] = {
     "nats": _nats,
     "rabbitmq": _rabbitmq,
     "solace": _solace,
     "messagedb": _messagedb,
+    "memory": _memory,
 }
 
 

@@ -46,6 +46,7 @@ ADAPTERS = (
         reads_categories=True,
         resizable=True,
     ),
+    Adapter("in-memory broker", "memory", ("memory",)),
 )
 SCHEMES = tuple(scheme for adapter in ADAPTERS for scheme in adapter.schemes)
 TLS_SCHEMES = frozenset(scheme for adapter in ADAPTERS for scheme in adapter.tls_schemes)
