@@ -16,7 +16,8 @@ from typing import Self
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.client import ClientStats, DynamicRole, LbgClient, Role, StaticRole
+from lbg.client.client import ClientStats, LbgClient
+from lbg.client.coordination import DynamicRole, Role, StaticRole
 from lbg.handlers import Handler, Hooks, as_async
 from lbg.metrics import Family
 from lbg.model.group import GroupConfig

@@ -21,7 +21,8 @@ from lbg.aio import cancel_and_wait
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
-from lbg.client.client import DynamicRole, LbgClient, Role, StaticRole
+from lbg.client.client import LbgClient
+from lbg.client.coordination import DynamicRole, Role, StaticRole
 from lbg.handlers import Context, republish
 from lbg.model.group import GroupConfig
 from lbg.model.messages import Event

@@ -1,9 +1,7 @@
 """The LBG client: binds every queue of its group and processes what the broker makes it active for.
 
-Dynamic mode (no index or count) joins by itself: see coordinator.py. Static mode is the
-original design: `client_index` and `client_count` mark its primary
-queues (q mod count == index); every `cycle_seconds` it releases the secondary queues it is
-active on, so primaries reclaim them. One worker per queue hands each message to its key's
+Which queues it prefers and releases is its coordinator's business, static or dynamic, chosen
+once at start (coordination.py). One worker per queue hands each message to its key's
 lane (keys run concurrently up to `window`, each key in order), acks only after the handler
 succeeded, and dead-letters what cannot be processed.
 
@@ -24,11 +22,15 @@ from functools import partial
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
-from lbg.client.coordinator import Coordinator
+from lbg.client.coordination import (
+    GroupCoordinator,
+    Role,
+    Seat,
+    coordinator_for,
+)
 from lbg.client.lanes import KeyLanes
 from lbg.handlers import AsyncHandler, Context, Hooks
 from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
-from lbg.model.assignment import is_primary
 from lbg.model.destinations import EventAddress, OutputKind, output_destination
 from lbg.model.group import GroupConfig
 from lbg.model.hashing import HashKeyError
@@ -51,17 +53,6 @@ LEASE_LAPSED = "a delivery came while this member's lease had lapsed"
 EARLIER_EVENT_FAILED = "an earlier event of the same key did not complete"
 
 
-@dataclass(frozen=True)
-class StaticRole:
-    """The original design's fixed place in the group: this client's index among `count`."""
-
-    index: int
-    count: int
-
-    def is_primary(self, queue: int) -> bool:
-        return is_primary(queue, self.index, self.count)
-
-
 @dataclass
 class ClientStats:
     """Counters of one client's run."""
@@ -73,22 +64,6 @@ class ClientStats:
     handovers: int = 0
     wrong_bucket: int = 0
     active: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class DynamicRole:
-    """Dynamic membership: heartbeats with a lease, no index or count (see coordinator).
-    The member fences `lease_margin` before its lease ends, its peers evict that much after
-    (see lease.py)."""
-
-    heartbeat_interval: float = 0.15
-    lease: float = 0.7
-    stall_timeout: float = 30.0
-    leave_timeout: float = 5.0
-    lease_margin: float = 0.15
-
-
-Role = StaticRole | DynamicRole
 
 
 class LbgClient:
@@ -113,8 +88,6 @@ class LbgClient:
         self._config = config
         self.client_id = client_id
         self._handler = handler
-        self._role = role
-        self._cycle = cycle_seconds
         self._retries = retries
         self._backoff = retry_backoff
         self._window = window
@@ -123,12 +96,23 @@ class LbgClient:
         self._config_changed = asyncio.Event()
         self._release_requested: set[int] = set()
         self._stopping = False
-        self._coordinator: Coordinator | None = None
         self._busy: dict[object, float] = {}
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
         self._misrouted: set[str] = set()
         self.stats = ClientStats()
+        seat = Seat(
+            broker,
+            group,
+            client_id,
+            self._bindings,
+            self._release_requested.add,
+            self._oldest_busy,
+            lambda _generation: self._config_changed.set(),
+        )
+        self._coordinator: GroupCoordinator = coordinator_for(
+            seat, role, config.queue_count, config.generation, cycle_seconds
+        )
 
     def metric_families(self) -> Iterator[Family]:
         """This client's counters and gauges for a Prometheus scrape."""
@@ -153,18 +137,12 @@ class LbgClient:
             g,
             self._config.queue_count,
         )
-        if self._coordinator is not None:
-            members = len(self._coordinator.view.members()) + 1
-            yield gauge("lbg_group_members", "Members in this client's view.", g, members)
-            yield gauge(
-                "lbg_client_heartbeat_echo_seconds",
-                "How long this member's newest heartbeat took to come back through the broker.",
-                g,
-                self._coordinator.own_lease.echo_delay,
-            )
+        yield from self._coordinator.metric_families()
 
-    def _preferred(self, queue: int) -> bool:
-        return isinstance(self._role, StaticRole) and self._role.is_primary(queue)
+    def _oldest_busy(self) -> float:
+        """How long the longest-running handler call has been running (0 when idle)."""
+        now = time.monotonic()
+        return max((now - started for started in self._busy.values()), default=0.0)
 
     def _on_change(self, queue: int, active: bool) -> None:
         if active:
@@ -172,16 +150,12 @@ class LbgClient:
             self.stats.handovers += 1
         else:
             self.stats.active.discard(queue)
-        if isinstance(self._role, StaticRole):
-            how = "primary" if self._role.is_primary(queue) else "secondary"
-        else:
-            how = "dynamic"
         log.info(
             "client %s %s queue %d (%s); active on %s",
             self.client_id,
             "now serves" if active else "stopped serving",
             queue,
-            how,
+            self._coordinator.describe(queue),
             sorted(self.stats.active) or "none",
         )
 
@@ -195,10 +169,7 @@ class LbgClient:
             else None
         )
         try:
-            if isinstance(self._role, StaticRole):
-                await self._run_static(stop)
-            else:
-                await self._run_dynamic(stop, self._role)
+            await self._coordinator.serve(stop)
         finally:
             if follower is not None:
                 await cancel_and_wait(follower)
@@ -207,8 +178,7 @@ class LbgClient:
         for binding in self._bindings.values():
             with contextlib.suppress(Exception):
                 await binding.close()
-        if self._coordinator is not None:
-            await self._coordinator.close()
+        await self._coordinator.close()
         log.info("client %s stopped after %d messages", self.client_id, self.stats.processed)
         return self.stats
 
@@ -221,7 +191,7 @@ class LbgClient:
             config,
             queue,
             self.client_id,
-            preferred=self._preferred(queue),
+            preferred=self._coordinator.prefers(queue),
             on_change=self._on_change,
         )
         self._workers.append(
@@ -260,75 +230,11 @@ class LbgClient:
             config.queue_count,
             config.generation,
         )
-        if self._coordinator is not None:
-            self._coordinator.adopt(config.generation, config.queue_count)
-
-    async def _run_static(self, stop: asyncio.Event) -> None:
-        primaries = [q for q in range(self._config.queue_count) if self._preferred(q)]
-        log.info(
-            "client %s bound %d queues of group '%s' (static); primary queues %s",
-            self.client_id,
-            len(self._bindings),
-            self._group,
-            primaries or "none",
-        )
-        cycler = asyncio.create_task(self._cycle_secondaries())
-        await stop.wait()
-        log.info("client %s stopping: finishing in-flight work", self.client_id)
-        await cancel_and_wait(cycler)
-
-    async def _run_dynamic(self, stop: asyncio.Event, role: DynamicRole) -> None:
-        coordinator = Coordinator(
-            self._broker,
-            self._group,
-            self.client_id,
-            self._bindings,
-            self._release_requested.add,
-            interval=role.heartbeat_interval,
-            lease=role.lease,
-            margin=role.lease_margin,
-            queue_count=self._config.queue_count,
-            generation=self._config.generation,
-            on_newer_generation=lambda _generation: self._config_changed.set(),
-        )
-        self._coordinator = coordinator
-        await coordinator.join()
-        heartbeats = asyncio.Event()
-        beating = asyncio.create_task(coordinator.run(heartbeats), name="heartbeat")
-        watchdog = asyncio.create_task(
-            self._watch_for_stalls(coordinator, role), name="stall-watchdog"
-        )
-        await _until_stopped_or_failed(stop, beating, watchdog)
-        log.info("client %s leaving: handing its queues over", self.client_id)
-        await coordinator.leave()
-        deadline = time.monotonic() + role.leave_timeout
-        while any(b.active for b in self._bindings.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await cancel_and_wait(watchdog)
-        heartbeats.set()
-        await beating
-
-    async def _watch_for_stalls(self, coordinator: Coordinator, role: DynamicRole) -> None:
-        """A handler hung past the stall timeout makes this member give its queues up."""
-        while True:
-            await asyncio.sleep(coordinator.interval)
-            now = time.monotonic()
-            oldest = max((now - started for started in self._busy.values()), default=0.0)
-            coordinator.set_stalled(oldest > role.stall_timeout)
+        self._coordinator.adopt(config.generation, config.queue_count)
 
     def _may_process(self, binding: QueueBinding, delivery: Delivery) -> bool:
         """The binding still owns the delivery and, in dynamic mode, this member's lease holds."""
-        if self._coordinator is not None and not self._coordinator.lease_ok():
-            return False
-        return binding.owns(delivery)
-
-    async def _cycle_secondaries(self) -> None:
-        """The original's periodic release of secondary bindings so primaries can reclaim them."""
-        while True:
-            await asyncio.sleep(self._cycle)
-            for binding in list(self._bindings.values()):
-                if binding.active and not self._preferred(binding.queue):
-                    self._release_requested.add(binding.queue)
+        return self._coordinator.may_process() and binding.owns(delivery)
 
     def _retired(self, binding: QueueBinding) -> bool:
         """The group was resized and no longer has this binding's queue."""
@@ -527,17 +433,3 @@ class LbgClient:
         self.stats.dead_lettered += 1
         log.warning("queue %d: dead-lettered a message: %s", binding.queue, headers[REASON_HEADER])
         return True
-
-
-async def _until_stopped_or_failed(stop: asyncio.Event, *loops: asyncio.Task[None]) -> None:
-    """Wait for `stop`; if a loop the member depends on ends first, raise its error, so the
-    process exits and its connection (with every queue it holds) goes, rather than live on
-    holding queues it no longer serves."""
-    stopping = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({stopping, *loops}, return_when=asyncio.FIRST_COMPLETED)
-    if stopping in done:
-        return
-    await cancel_and_wait(stopping)
-    failed = done.pop()
-    reason = failed.exception() if not failed.cancelled() else "cancelled"
-    raise BrokerError(f"membership loop {failed.get_name()} ended: {reason!r}")
