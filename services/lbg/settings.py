@@ -22,6 +22,7 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
 from lbg.broker.adapters import SCHEMES, adapter_for
+from lbg.model.group import GROUP_NAME, GROUP_NAME_RULE, HASH_PREFIX, HASH_PREFIX_RULE
 from lbg.model.hashing import HASH_FUNCTIONS
 
 T = TypeVar("T")
@@ -225,8 +226,8 @@ class GroupSettings:
 
     def validate(self) -> None:
         """Names must be usable in subjects; every queue needs at least one bucket."""
-        _check_name("name", self.name, _NAME, "letters, digits, '-' or '_'")
-        _check_name("hash_prefix", self.hash_prefix, _NAME, "letters, digits, '-' or '_'")
+        _check_name("name", self.name, GROUP_NAME, GROUP_NAME_RULE)
+        _check_name("hash_prefix", self.hash_prefix, HASH_PREFIX, HASH_PREFIX_RULE)
         if not self.client_username:
             raise ValueError("client_username: must not be empty")
         if self.hash_function not in HASH_FUNCTIONS:
@@ -247,7 +248,7 @@ class GroupRef:
 
     def validate(self) -> None:
         """The name must be usable in stream and bucket names."""
-        _check_name("name", self.name, _NAME, "letters, digits, '-' or '_'")
+        _check_name("name", self.name, GROUP_NAME, GROUP_NAME_RULE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ BAD_FLAGS = [
         ["create", "--group", "g", "--hash-function", "md5"],
         '--hash-function: expected one of java, murmur2, messagedb, got "md5"',
     ),
-    (admin.main, ["show", "no/such"], "GROUP: expected letters"),
+    (admin.main, ["show", "no/such"], "GROUP: expected 1-64 characters"),
     (publisher.main, ["--group", "g", "--rate", "-1"], "--rate: expected a number >= 0, got -1.0"),
     (
         client.main,
@@ -32,8 +32,8 @@ BAD_FLAGS = [
         ["--group", "g", "--input", "/nonexistent/events.jsonl"],
         "--input: cannot read '/nonexistent/events.jsonl' (no such file or directory)",
     ),
-    (validator.main, ["--group", "a b"], "--group: expected letters"),
-    (lbg, ["status", "--group", "a.b"], "--group: expected letters"),
+    (validator.main, ["--group", "a b"], "--group: expected 1-64 characters"),
+    (lbg, ["status", "--group", "a.b"], "--group: expected 1-64 characters"),
 ]
 
 

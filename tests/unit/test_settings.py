@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbg.model.group import GroupConfigError, validate_group_name
 from lbg.settings import (
     PASSWORD_ENV,
     AdminConfig,
@@ -161,8 +162,8 @@ def test_client_values_are_checked(tmp_path: Path, lines: str, expected: str) ->
     ("lines", "expected"),
     [
         ("queue_count = 65", "[group] queue_count: must be <= hash_count (64), got 65"),
-        ('name = "a.b"', "[group] name: expected letters, digits"),
-        ('hash_prefix = "a.b"', "[group] hash_prefix: expected letters, digits"),
+        ('name = "a.b"', "[group] name: expected 1-64 characters"),
+        ('hash_prefix = "a.b"', "[group] hash_prefix: expected 1-40 characters"),
         ("hash_count = 0", "[group] hash_count: expected an integer >= 1, got 0"),
     ],
 )
@@ -172,7 +173,7 @@ def test_group_values_are_checked(tmp_path: Path, lines: str, expected: str) -> 
 
 def test_group_reference_name_is_checked(tmp_path: Path) -> None:
     message = error_of(write(tmp_path, '[group]\nname = ""\n'), ValidatorConfig)
-    assert "[group] name: expected letters, digits" in message
+    assert "[group] name: expected 1-64 characters" in message
 
 
 def test_invalid_toml_names_file_and_line(tmp_path: Path) -> None:
@@ -436,3 +437,14 @@ def test_rabbitmq_logs_in_as_the_url_user_with_the_password_from_the_environment
     monkeypatch.setenv(PASSWORD_ENV, "from-env")
     url = amqp_url(BrokerSettings(url="amqp://cu@mq:5672/%2F"))
     assert (url.user, url.password, url.host) == ("cu", "from-env", "mq")
+
+
+@pytest.mark.parametrize("name", ["-orders", "_orders", "o" * 65])
+def test_a_group_name_the_broker_would_refuse_is_refused_when_the_config_is_read(
+    tmp_path: Path, name: str
+) -> None:
+    """The daemons' settings and cg-admin's group config apply one rule to a group name."""
+    message = error_of(write(tmp_path, f'[group]\nname = "{name}"\n'), AdminConfig)
+    assert "[group] name: expected 1-64 characters" in message
+    with pytest.raises(GroupConfigError):
+        validate_group_name(name)

@@ -20,8 +20,11 @@ MAX_REPLICAS = 5
 # A resizable group's generation shares an int4 lock key with its member (Message DB).
 MAX_GENERATION = 65535
 
-_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_HASH_PREFIX = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}")
+# The one rule for each name, shared by the group config and the daemons' TOML settings.
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+GROUP_NAME_RULE = "1-64 characters of [A-Za-z0-9_-] not starting with '-' or '_'"
+HASH_PREFIX = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,39}")
+HASH_PREFIX_RULE = "1-40 characters of [A-Za-z0-9_-] not starting with '_'"
 _CLIENT_USERNAME = re.compile(r"[A-Za-z0-9_.@-]{1,32}")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_]{1,20}")
 _CATEGORY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:+.]{0,63}")
@@ -60,11 +63,8 @@ def _field(code: str) -> str:
 
 def validate_group_name(name: str) -> str:
     """Return ``name`` if usable as a group name: 1-64 of [A-Za-z0-9_-], not led by '-' or '_'."""
-    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
-        raise GroupConfigError(
-            f"group name: must be 1-64 characters of [A-Za-z0-9_-] not starting with '-' or '_',"
-            f" got {_show(name)}"
-        )
+    if not isinstance(name, str) or not GROUP_NAME.fullmatch(name):
+        raise GroupConfigError(f"group name: must be {GROUP_NAME_RULE}, got {_show(name)}")
     return name
 
 
@@ -118,8 +118,8 @@ class GroupConfig:
         _check_text(
             "HP",
             self.hash_prefix,
-            _HASH_PREFIX,
-            "1-40 characters of [A-Za-z0-9_-] not starting with '_'",
+            HASH_PREFIX,
+            HASH_PREFIX_RULE,
         )
         _check_int("QC", self.queue_count, 1)
         _check_int("HC", self.hash_count, 1)
