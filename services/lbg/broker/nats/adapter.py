@@ -21,7 +21,6 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
@@ -36,7 +35,6 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
-    NoStreamResponseError,
     NotFoundError,
 )
 from nats.js.errors import Error as JetStreamError
@@ -56,6 +54,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.group import GroupConfig, GroupConfigError
 from lbg.settings import BrokerSettings
@@ -242,6 +241,7 @@ class NatsBroker(Broker):
         self._nc = nc
         self._events = events
         self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
+        self._streams = StreamPublisher(nc, PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
 
@@ -449,17 +449,15 @@ class NatsBroker(Broker):
                 f" of {self._nc.max_payload} bytes"
             )
         try:
-            acked = await self._js.publish_async(target, body, headers=all_headers or None)
-            async with asyncio.timeout(PUBLISH_TIMEOUT):
-                await acked
-        except (NoRespondersError, NoStreamResponseError):
+            await self._streams.publish(target, body, all_headers or None)
+        except NoStream:
             raise PublishError(
                 f"no stream captures '{target}' (does the group exist? is the bucket < HC?)"
             ) from None
-        except (NatsTimeoutError, TimeoutError):
+        except TimeoutError:
             refused = self._events.refusal(target)
             raise PublishError(refused or f"no acknowledgement for '{target}' in time") from None
-        except JetStreamError as exc:
+        except Rejected as exc:
             raise PublishError(f"'{target}' rejected: {exc}") from None
 
     async def bind(
