@@ -33,9 +33,24 @@ PRIORITY_GROUP = "lbg"
 PIN_HEADER = "Nats-Pin-Id"
 FENCE_FRACTION = 0.8
 PULL_BATCH = 200
+# `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (without a domain).
+V1_TOKENS = 9
+V1_DELIVERED = 4
 
 # Records this client as the queue's owner under `pin`; returns the new ownership epoch.
 ClaimEpoch = Callable[[str], Awaitable[int]]
+
+
+def delivery_count(reply: str) -> int:
+    """How often the server has delivered a message, read from its ack subject alone
+    (nats-py's `Msg.metadata` also parses every other field and builds a datetime); 1 when
+    the subject is not a JetStream ack subject."""
+    tokens = reply.split(".")
+    index = V1_DELIVERED if len(tokens) == V1_TOKENS else Msg.Ack.NumDelivered
+    try:
+        return int(tokens[index])
+    except (IndexError, ValueError):
+        return 1
 
 
 @dataclass(eq=False)
@@ -295,16 +310,12 @@ class NatsQueueBinding(EpochBinding):
         pull.remaining -= 1
         if pull.remaining <= 0:
             pull.done.set()
-        try:
-            redelivered = msg.metadata.num_delivered > 1
-        except Exception:
-            redelivered = False
         self._buffer.put_nowait(
             Delivery(
                 body=msg.data,
                 subject=msg.subject,
                 headers=headers,
-                redelivered=redelivered,
+                redelivered=delivery_count(msg.reply) > 1,
                 epoch=self._epoch,
                 token=msg.reply,
                 owner_epoch=self._owner_epoch,
