@@ -478,6 +478,7 @@ class NatsBroker(Broker):
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
         owners = await self._bucket(OWNERS_BUCKET)
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
+        ack_all = info.get("config", {}).get("ack_policy") == "all"
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
 
         async def claim(pin: str) -> int:
@@ -494,6 +495,7 @@ class NatsBroker(Broker):
             preferred=preferred,
             on_change=on_change,
             claim=claim,
+            ack_all=ack_all,
         )
 
     async def publish_control(self, group: str, body: bytes) -> None:

@@ -6,7 +6,9 @@ owner (so the previous owner's unacked messages come first, in order), claims th
 next ownership epoch (the fencing token its deliveries carry), and fences itself on a 423
 or when the server has not answered a pull sent within most of `priority_timeout` (a stalled
 or cut-off owner: a pull only buffered by the client proves nothing, as the server unpins
-`priority_timeout` after the last pull it received).
+`priority_timeout` after the last pull it received). On a consumer with AckPolicy all (the
+exclusive ones lbg creates) it acks the contiguous floor of finished deliveries, one ack per
+turn of the event loop rather than one per event (see ackfloor.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from nats.aio.subscription import Subscription
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Delivery, EpochBinding, StateListener
 from lbg.broker.nats import jsapi
+from lbg.broker.nats.ackfloor import AckFloor
+from lbg.broker.nats.acksubject import delivery_count
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +37,9 @@ PRIORITY_GROUP = "lbg"
 PIN_HEADER = "Nats-Pin-Id"
 FENCE_FRACTION = 0.8
 PULL_BATCH = 200
-# `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (without a domain).
-V1_TOKENS = 9
-V1_DELIVERED = 4
 
 # Records this client as the queue's owner under `pin`; returns the new ownership epoch.
 ClaimEpoch = Callable[[str], Awaitable[int]]
-
-
-def delivery_count(reply: str) -> int:
-    """How often the server has delivered a message, read from its ack subject alone
-    (nats-py's `Msg.metadata` also parses every other field and builds a datetime); 1 when
-    the subject is not a JetStream ack subject."""
-    tokens = reply.split(".")
-    index = V1_DELIVERED if len(tokens) == V1_TOKENS else Msg.Ack.NumDelivered
-    try:
-        return int(tokens[index])
-    except (IndexError, ValueError):
-        return 1
 
 
 @dataclass(eq=False)
@@ -78,8 +67,12 @@ class NatsQueueBinding(EpochBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
+        ack_all: bool = False,
     ) -> None:
         super().__init__(queue, on_change)
+        self._ack_all = ack_all
+        self._floor = AckFloor()
+        self._floor_sender: asyncio.Task[None] | None = None
         self._claim = claim
         self._owner_epoch = 0
         self._nc = nc
@@ -149,8 +142,27 @@ class NatsQueueBinding(EpochBinding):
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
-        await self._nc.publish(str(delivery.token), b"+ACK")
+        if not self._ack_all:
+            await self._nc.publish(str(delivery.token), b"+ACK")
+        elif self._floor.finish(str(delivery.token)) and self._floor_sender is None:
+            self._floor_sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
         return True
+
+    async def _ack_floor_soon(self, epoch: int) -> None:
+        """Ack the floor once the acks finished in this turn of the loop have joined it; a
+        floor of a lost stint is dropped (its deliveries come again, to the next owner)."""
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self._floor_sender = None
+        if epoch == self._epoch:
+            await self._ack_floor()
+
+    async def _ack_floor(self) -> None:
+        """Send the floor's ack now (before a handover or a close, so nothing comes again)."""
+        reply = self._floor.take()
+        if reply is not None:
+            await self._nc.publish(reply, b"+ACK")
 
     def fence(self, reason: str) -> None:
         self._lose(reason)
@@ -162,6 +174,7 @@ class NatsQueueBinding(EpochBinding):
         self._abort_pull()
         was_owner = self._active and self._pin is not None
         pin = self._pin
+        await self._ack_floor()
         self._lose("released for handover")
         await self._nc.flush()
         if was_owner:
@@ -178,6 +191,8 @@ class NatsQueueBinding(EpochBinding):
         self._abort_pull()
         await cancel_and_wait(self._task)
         pin = self._pin if self._active else None
+        if self._nc.is_connected:
+            await self._ack_floor()
         self._lose("closed")
         if self._nc.is_connected:
             await self._nc.flush()
@@ -201,6 +216,7 @@ class NatsQueueBinding(EpochBinding):
     def _lose(self, reason: str) -> None:
         """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
         self._new_epoch()
+        self._floor = AckFloor()
         self._pin = None
         if self._pinned:
             self._set_active(False, reason)
@@ -310,6 +326,8 @@ class NatsQueueBinding(EpochBinding):
         pull.remaining -= 1
         if pull.remaining <= 0:
             pull.done.set()
+        if self._ack_all:
+            self._floor.delivered(msg.reply)
         self._buffer.put_nowait(
             Delivery(
                 body=msg.data,

@@ -1,8 +1,8 @@
-"""The redelivery count read from a JetStream ack subject, in both of its formats."""
+"""What a JetStream ack subject says: the redelivery count and the stream sequence."""
 
 import pytest
 
-from lbg.broker.nats.binding import delivery_count
+from lbg.broker.nats.acksubject import delivery_count, stream_sequence
 
 
 @pytest.mark.parametrize(
@@ -17,3 +17,9 @@ from lbg.broker.nats.binding import delivery_count
 )
 def test_delivery_count_reads_the_delivered_token(reply: str, count: int) -> None:
     assert delivery_count(reply) == count
+
+
+def test_stream_sequence_reads_both_formats() -> None:
+    assert stream_sequence("$JS.ACK.LBG_g.q0.1.10.7.1700000000000000000.5") == 10
+    assert stream_sequence("$JS.ACK._.ACCHASH.LBG_g.q0.2.11.7.1700000000000000000.5.t") == 11
+    assert stream_sequence("_INBOX.abc") == 0
