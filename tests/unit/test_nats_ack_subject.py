@@ -2,7 +2,7 @@
 
 import pytest
 
-from lbg.broker.nats.acksubject import delivery_count, stream_sequence
+from lbg.broker.nats.acksubject import delivery_count, stored_at, stream_sequence
 
 
 @pytest.mark.parametrize(
@@ -23,3 +23,8 @@ def test_stream_sequence_reads_both_formats() -> None:
     assert stream_sequence("$JS.ACK.LBG_g.q0.1.10.7.1700000000000000000.5") == 10
     assert stream_sequence("$JS.ACK._.ACCHASH.LBG_g.q0.2.11.7.1700000000000000000.5.t") == 11
     assert stream_sequence("_INBOX.abc") == 0
+
+
+def test_stored_at_is_the_ack_subjects_timestamp_in_seconds() -> None:
+    assert stored_at("$JS.ACK.LBG_g.q0.1.10.7.1700000000500000000.5") == 1700000000.5
+    assert stored_at("_INBOX.abc") is None

@@ -12,6 +12,8 @@ from nats.aio.msg import Msg
 V1_TOKENS = 9
 V1_DELIVERED = 4
 V1_STREAM_SEQ = 5
+V1_TIMESTAMP = 7
+NANOS = 1_000_000_000
 
 
 def _field(reply: str, v1_index: int, v2_index: int) -> int | None:
@@ -30,3 +32,9 @@ def delivery_count(reply: str) -> int:
 def stream_sequence(reply: str) -> int:
     """The message's stream sequence; 0 if the subject is not an ack subject."""
     return _field(reply, V1_STREAM_SEQ, Msg.Ack.StreamSeq) or 0
+
+
+def stored_at(reply: str) -> float | None:
+    """When the stream stored the message, in epoch seconds; None if not an ack subject."""
+    nanos = _field(reply, V1_TIMESTAMP, Msg.Ack.Timestamp)
+    return nanos / NANOS if nanos is not None else None

@@ -53,6 +53,7 @@ from lbg.broker.base import (
     UndeliverableEvent,
 )
 from lbg.broker.nats import jsapi
+from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
@@ -533,7 +534,7 @@ class NatsBroker(Broker):
                 for msg in messages:
                     kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
                     if kind is not None:
-                        at = msg.metadata.timestamp.timestamp()
+                        at = stored_at(msg.reply)
                         yield OutputMessage(kind, msg.data, msg.headers or {}, at)
         finally:
             with contextlib.suppress(Exception):
