@@ -72,7 +72,8 @@ class NatsQueueBinding(EpochBinding):
         super().__init__(queue, on_change)
         self._ack_all = ack_all
         self._floor = AckFloor()
-        self._floor_sender: asyncio.Task[None] | None = None
+        self._floor_due = False
+        self._floor_senders: set[asyncio.Task[None]] = set()
         self._claim = claim
         self._owner_epoch = 0
         self._nc = nc
@@ -144,19 +145,24 @@ class NatsQueueBinding(EpochBinding):
             return False
         if not self._ack_all:
             await self._nc.publish(str(delivery.token), b"+ACK")
-        elif self._floor.finish(str(delivery.token)) and self._floor_sender is None:
-            self._floor_sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
+        elif self._floor.finish(str(delivery.token)) and not self._floor_due:
+            self._floor_due = True
+            sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
+            self._floor_senders.add(sender)
+            sender.add_done_callback(self._floor_senders.discard)
         return True
 
     async def _ack_floor_soon(self, epoch: int) -> None:
         """Ack the floor once the acks finished in this turn of the loop have joined it; a
         floor of a lost stint is dropped (its deliveries come again, to the next owner)."""
+        await asyncio.sleep(0)
+        self._floor_due = False
+        if epoch != self._epoch:
+            return
         try:
-            await asyncio.sleep(0)
-        finally:
-            self._floor_sender = None
-        if epoch == self._epoch:
             await self._ack_floor()
+        except Exception as exc:  # the connection is going: the next owner gets them again
+            log.warning("queue %d: the ack floor was not sent: %s", self.queue, exc)
 
     async def _ack_floor(self) -> None:
         """Send the floor's ack now (before a handover or a close, so nothing comes again)."""
