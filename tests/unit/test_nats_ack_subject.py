@@ -2,7 +2,12 @@
 
 import pytest
 
-from lbg.broker.nats.acksubject import delivery_count, stored_at, stream_sequence
+from lbg.broker.nats.acksubject import (
+    consumer_sequence,
+    delivery_count,
+    stored_at,
+    stream_sequence,
+)
 
 
 @pytest.mark.parametrize(
@@ -28,3 +33,9 @@ def test_stream_sequence_reads_both_formats() -> None:
 def test_stored_at_is_the_ack_subjects_timestamp_in_seconds() -> None:
     assert stored_at("$JS.ACK.LBG_g.q0.1.10.7.1700000000500000000.5") == 1700000000.5
     assert stored_at("_INBOX.abc") is None
+
+
+def test_consumer_sequence_reads_both_formats() -> None:
+    assert consumer_sequence("$JS.ACK.LBG_g.q0.1.10.7.1700000000000000000.5") == 7
+    assert consumer_sequence("$JS.ACK._.ACCHASH.LBG_g.q0.2.11.8.1700000000000000000.5.t") == 8
+    assert consumer_sequence("_INBOX.abc") is None

@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 V1_TOKENS = 9
 V1_DELIVERED = 4
 V1_STREAM_SEQ = 5
+V1_CONSUMER_SEQ = 6
 V1_TIMESTAMP = 7
 NANOS = 1_000_000_000
 
@@ -32,6 +33,11 @@ def delivery_count(reply: str) -> int:
 def stream_sequence(reply: str) -> int:
     """The message's stream sequence; 0 if the subject is not an ack subject."""
     return _field(reply, V1_STREAM_SEQ, Msg.Ack.StreamSeq) or 0
+
+
+def consumer_sequence(reply: str) -> int | None:
+    """The consumer's delivery counter for this delivery; None if not an ack subject."""
+    return _field(reply, V1_CONSUMER_SEQ, Msg.Ack.ConsumerSeq)
 
 
 def stored_at(reply: str) -> float | None:

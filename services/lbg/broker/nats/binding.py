@@ -29,7 +29,7 @@ from lbg.aio import cancel_and_wait
 from lbg.broker.base import Delivery, EpochBinding, StateListener
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.ackfloor import AckFloor
-from lbg.broker.nats.acksubject import delivery_count
+from lbg.broker.nats.acksubject import consumer_sequence, delivery_count
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class NatsQueueBinding(EpochBinding):
         super().__init__(queue, on_change)
         self._ack_all = ack_all
         self._floor = AckFloor()
+        self._last_delivery: int | None = None
         self._floor_due = False
         self._floor_senders: set[asyncio.Task[None]] = set()
         self._claim = claim
@@ -223,6 +224,7 @@ class NatsQueueBinding(EpochBinding):
         """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
         self._new_epoch()
         self._floor = AckFloor()
+        self._last_delivery = None
         self._pin = None
         if self._pinned:
             self._set_active(False, reason)
@@ -332,8 +334,8 @@ class NatsQueueBinding(EpochBinding):
         pull.remaining -= 1
         if pull.remaining <= 0:
             pull.done.set()
-        if self._ack_all:
-            self._floor.delivered(msg.reply)
+        if self._ack_all and not self._track(pull, msg.reply):
+            return
         self._buffer.put_nowait(
             Delivery(
                 body=msg.data,
@@ -345,6 +347,20 @@ class NatsQueueBinding(EpochBinding):
                 owner_epoch=self._owner_epoch,
             )
         )
+
+    def _track(self, pull: _Pull, reply: str) -> bool:
+        """Add a delivery to the ack floor; a gap in the consumer's delivery counter means
+        the server sent this stint a message it never got (a reply lost with a connection, a
+        pull given up): an ack above it would acknowledge it unprocessed, so the stint ends
+        instead (False), and the next owner's RESET brings it again."""
+        delivery = consumer_sequence(reply)
+        if self._last_delivery is not None and delivery != self._last_delivery + 1:
+            pull.done.set()
+            self._lose(f"delivery {self._last_delivery + 1} never arrived (got {delivery})")
+            return False
+        self._last_delivery = delivery
+        self._floor.delivered(reply)
+        return True
 
     def _on_status(self, pull: _Pull, status: str, description: str) -> None:
         if status == "100":
