@@ -456,6 +456,9 @@ async def run_mode(
         warmup = local.start_publisher(
             "warm-up", *("--keys", str(opts.warmup_keys), "--rate", str(WARMUP_RATE), "--json")
         )
+        # Its SIGTERM below must not land before it handles signals (a slow start on a busy
+        # machine), or it dies without its summary.
+        await wait_for_log(warmup, " -> group ", BIND_TIMEOUT)
         await asyncio.sleep(WARMUP_SECONDS)
         if config.exclusive:
             await wait_primaries(broker, name, config, opts.clients, label)

@@ -9,7 +9,7 @@ producer's; the key's sequence number and publish time travel in headers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import logging
 import time
 import uuid
@@ -130,6 +130,17 @@ async def read_file(path: str, stats: PublishStats) -> AsyncIterator[tuple[str, 
             yield item
 
 
+@dataclass(slots=True)
+class _Pending:
+    """An event numbered and queued behind its key's earlier ones; `confirmed` tells how it
+    ended (True once the broker confirmed it)."""
+
+    seq: int
+    body: bytes
+    headers: Mapping[str, str] | None
+    confirmed: asyncio.Future[bool]
+
+
 class HashedPublisher:
     """Publishes keyed events to a group with per-key sequence numbers and broker acks.
 
@@ -153,7 +164,8 @@ class HashedPublisher:
         self._window = asyncio.Semaphore(max(1, window))
         self._rate = rate
         self._sequence: dict[str, int] = {}
-        self._in_flight: dict[str, asyncio.Task[bool]] = {}
+        self._waiting: dict[str, collections.deque[_Pending]] = {}
+        self._senders: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
         self._ack_seconds = PUBLISH_SECONDS.labels(group)
         self.stats = PublishStats()
@@ -203,14 +215,15 @@ class HashedPublisher:
         concurrently. Raises PublishFailed if the broker never confirmed it (every retry
         failed), MalformedMessage for an unusable key, UndeliverableEvent for one the broker
         cannot take (a key its destinations cannot carry, a body it cannot store)."""
-        seq, task = await self._submit(check_key(key), body, headers)
-        if not await task:
+        event = await self._submit(check_key(key), body, headers)
+        if not await event.confirmed:
             raise PublishFailed(str(self._failure or f"key {key[:80]!r} refused by the broker"))
-        return seq
+        return event.seq
 
     async def flush(self) -> None:
         """Wait until every event submitted so far is confirmed or given up."""
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        while self._senders:
+            await asyncio.gather(*self._senders, return_exceptions=True)
         self.stats.elapsed = time.monotonic() - self.stats.started
 
     async def _pace(self, sent: int) -> None:
@@ -219,53 +232,59 @@ class HashedPublisher:
             if delay > 0:
                 await asyncio.sleep(delay)
 
-    async def _submit(
-        self, key: str, body: bytes, headers: Mapping[str, str] | None
-    ) -> tuple[int, asyncio.Task[bool]]:
-        """Number the event and start its publish, chained after the key's previous one."""
+    async def _submit(self, key: str, body: bytes, headers: Mapping[str, str] | None) -> _Pending:
+        """Number the event and queue it behind the key's earlier ones; the key's sender (one
+        task per key with events in flight, not one per event) publishes them in order."""
         await self._window.acquire()
         seq = self._sequence[key] = self._sequence.get(key, 0) + 1
-        previous = self._in_flight.get(key)
-        task = asyncio.create_task(self._publish(key, seq, body, headers, previous))
-        self._in_flight[key] = task
-        task.add_done_callback(lambda _t, key=key: self._done(key, _t))
-        return seq, task
+        event = _Pending(seq, body, headers, asyncio.get_running_loop().create_future())
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.append(event)
+            return event
+        self._waiting[key] = collections.deque((event,))
+        sender = asyncio.create_task(self._send_key(key))
+        self._senders.add(sender)
+        sender.add_done_callback(self._senders.discard)
+        return event
 
-    def _done(self, key: str, task: asyncio.Task[bool]) -> None:
-        """Free the task's window slot; an error no adapter mapped stops the run (one line
-        from PublishFailed) instead of dropping the event unseen."""
+    async def _send_key(self, key: str) -> None:
+        """Publish the key's queued events one after another until none is left; an error no
+        adapter mapped stops the run (one line from PublishFailed) instead of dropping the
+        event unseen, and gives up the key's events behind it."""
+        waiting = self._waiting[key]
+        try:
+            while waiting:
+                event = waiting[0]
+                confirmed = self._failure is None and await self._publish(key, event)
+                waiting.popleft()
+                self._settle(event, confirmed)
+        except Exception as exc:
+            if self._failure is None:
+                self._failure = exc
+                log.error("publish of key %r failed: %s", key[:80], exc or type(exc).__name__)
+            while waiting:
+                self._settle(waiting.popleft(), False)
+        finally:
+            del self._waiting[key]
+
+    def _settle(self, event: _Pending, confirmed: bool) -> None:
+        """Tell the event's caller how it ended and free its window slot."""
+        if not event.confirmed.done():
+            event.confirmed.set_result(confirmed)
         self._window.release()
-        if self._in_flight.get(key) is task:
-            del self._in_flight[key]
-        error = None if task.cancelled() else task.exception()
-        if error is not None and self._failure is None:
-            self._failure = error
-            log.error("publish of key %r failed: %s", key[:80], error or type(error).__name__)
 
-    async def _publish(
-        self,
-        key: str,
-        seq: int,
-        body: bytes,
-        headers: Mapping[str, str] | None,
-        previous: asyncio.Task[bool] | None,
-    ) -> bool:
-        """Publish after the key's previous event, retrying; True once confirmed. An event
-        whose predecessor failed is not sent: it would overtake it."""
-        if previous is not None:
-            if not previous.done():
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(previous)
-            if self._failure is not None:
-                return False
+    async def _publish(self, key: str, event: _Pending) -> bool:
+        """Publish one event, retrying; True once confirmed."""
         bucket = self._config.bucket_for_key(key)
         destination = event_destination(self._config.hash_prefix, bucket, key)
-        all_headers = event_headers(seq, time.time(), headers)
+        all_headers = event_headers(event.seq, time.time(), event.headers)
+        seq = event.seq
         delay = 0.1
         for attempt in range(RETRIES + 1):
             started = time.monotonic()
             try:
-                await self._broker.publish(destination, body, all_headers)
+                await self._broker.publish(destination, event.body, all_headers)
             except UndeliverableEvent as exc:
                 self.stats.rejected_input += 1
                 log.warning("refused key %r: %s", key[:80], exc)

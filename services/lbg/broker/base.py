@@ -114,6 +114,11 @@ class QueueBinding(abc.ABC):
     async def next(self) -> Delivery:
         """Wait for the next message; only the active consumer receives any."""
 
+    def ready(self) -> Delivery | None:
+        """The next message if one is already here, without waiting (and without the timer a
+        bounded wait costs per message); None if none is, or the binding cannot tell."""
+        return None
+
     @abc.abstractmethod
     def owns(self, delivery: Delivery) -> bool:
         """True if the delivery may still be processed: the binding has not lost the queue since."""
@@ -179,6 +184,13 @@ class EpochBinding(QueueBinding):
             delivery = await self._buffer.get()
             if delivery.epoch == self._epoch:
                 return delivery
+
+    def ready(self) -> Delivery | None:
+        while not self._buffer.empty():
+            delivery = self._buffer.get_nowait()
+            if delivery.epoch == self._epoch:
+                return delivery
+        return None
 
     def _new_epoch(self) -> None:
         """Forget what was delivered so far: it may no longer be processed or acked."""

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+from prometheus_client import Histogram
+
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
 from lbg.client.coordination import (
@@ -100,6 +102,7 @@ class LbgClient:
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
         self._misrouted: set[str] = set()
+        self._handler_seconds: dict[int, Histogram] = {}
         self.stats = ClientStats()
         seat = Seat(
             broker,
@@ -257,10 +260,8 @@ class LbgClient:
                 )
                 continue
             await self._announce(binding, lanes, binding.active)
-            try:
-                async with asyncio.timeout(POLL_SECONDS):
-                    delivery = await binding.next()
-            except TimeoutError:
+            delivery = binding.ready() or await _next_within(binding, POLL_SECONDS)
+            if delivery is None:
                 continue
             if not self._may_process(binding, delivery):
                 self._give_back(binding, delivery, LEASE_LAPSED)
@@ -357,9 +358,7 @@ class LbgClient:
             started = self._busy[token] = time.monotonic()
             try:
                 await self._handler(event, context)
-                HANDLER_SECONDS.labels(self._group, str(binding.queue)).observe(
-                    time.monotonic() - started
-                )
+                self._handler_timer(binding.queue).observe(time.monotonic() - started)
                 break
             except Exception as exc:
                 self.stats.handler_errors += 1
@@ -389,6 +388,14 @@ class LbgClient:
             return True
         self.stats.fenced += 1
         return False
+
+    def _handler_timer(self, queue: int) -> Histogram:
+        """The queue's handler-time histogram, its labels bound once (looking them up for
+        every event cost more than the observation)."""
+        timer = self._handler_seconds.get(queue)
+        if timer is None:
+            timer = self._handler_seconds[queue] = HANDLER_SECONDS.labels(self._group, str(queue))
+        return timer
 
     def _give_back(self, binding: QueueBinding, delivery: Delivery, reason: str) -> None:
         """A delivery that is not processed (or not acked) now: if the queue is still ours,
@@ -433,3 +440,12 @@ class LbgClient:
         self.stats.dead_lettered += 1
         log.warning("queue %d: dead-lettered a message: %s", binding.queue, headers[REASON_HEADER])
         return True
+
+
+async def _next_within(binding: QueueBinding, seconds: float) -> Delivery | None:
+    """The binding's next delivery, or None if none came within `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await binding.next()
+    except TimeoutError:
+        return None

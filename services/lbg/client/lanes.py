@@ -10,20 +10,25 @@ work's `skipped` callback runs: the caller must make those events come again, in
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
-from functools import partial
 
 Work = Callable[[], Awaitable[bool]]
 Skipped = Callable[[], None]
 
 
 class KeyLanes:
-    """Runs at most `window` works at once; works of one key run in submission order."""
+    """Runs at most `window` works at once; works of one key run in submission order.
+
+    A key with works pending has one task that runs them one after another (not a task per
+    work): most events find their key's lane already busy, so this saves a task and an await
+    on the previous one per event."""
 
     def __init__(self, window: int) -> None:
         self._slots = asyncio.Semaphore(max(1, window))
-        self._tails: dict[str, asyncio.Task[bool]] = {}
-        self._running: set[asyncio.Task[bool]] = set()
+        self._queued: dict[str, collections.deque[tuple[Work, Skipped | None]]] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._busy = 0
 
     async def submit(self, key: str, work: Work, skipped: Skipped | None = None) -> None:
         """Queue `work` behind the key's previous work; waits while the window is full.
@@ -31,31 +36,38 @@ class KeyLanes:
         If the previous work did not complete, `work` does not run and `skipped` is called.
         """
         await self._slots.acquire()
-        task = asyncio.create_task(self._run(self._tails.get(key), work, skipped))
-        self._tails[key] = task
+        self._busy += 1
+        queued = self._queued.get(key)
+        if queued is not None:
+            queued.append((work, skipped))
+            return
+        self._queued[key] = collections.deque(((work, skipped),))
+        task = asyncio.create_task(self._run_lane(key))
         self._running.add(task)
-        task.add_done_callback(partial(self._finished, key))
+        task.add_done_callback(self._running.discard)
 
-    @staticmethod
-    async def _run(
-        previous: asyncio.Task[bool] | None, work: Work, skipped: Skipped | None
-    ) -> bool:
-        if previous is not None and not await _completed(previous):
-            if skipped is not None:
-                skipped()
-            return False
-        return await work()
-
-    def _finished(self, key: str, task: asyncio.Task[bool]) -> None:
-        self._slots.release()
-        self._running.discard(task)
-        if self._tails.get(key) is task:
-            del self._tails[key]
+    async def _run_lane(self, key: str) -> None:
+        """Run the key's works in order until none is left; after one that did not complete
+        (False or raised), skip the rest."""
+        queued = self._queued[key]
+        completed = True
+        try:
+            while queued:
+                work, skipped = queued[0]
+                if completed:
+                    completed = await _completed(work)
+                elif skipped is not None:
+                    skipped()
+                queued.popleft()
+                self._busy -= 1
+                self._slots.release()
+        finally:
+            del self._queued[key]
 
     @property
     def busy(self) -> int:
         """Works submitted and not finished."""
-        return len(self._running)
+        return self._busy
 
     async def drain(self) -> None:
         """Wait until every submitted work has finished."""
@@ -63,9 +75,9 @@ class KeyLanes:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-async def _completed(work: asyncio.Task[bool]) -> bool:
-    """Whether a work completed; one that raised did not (its key's later works must wait)."""
+async def _completed(work: Work) -> bool:
+    """Run a work; one that raised did not complete (its key's later works must wait)."""
     try:
-        return await work
+        return await work()
     except Exception:
         return False

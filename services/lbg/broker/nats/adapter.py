@@ -20,7 +20,6 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
@@ -35,7 +34,6 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
-    NoStreamResponseError,
     NotFoundError,
 )
 from nats.js.errors import Error as JetStreamError
@@ -54,7 +52,9 @@ from lbg.broker.base import (
     UndeliverableEvent,
 )
 from lbg.broker.nats import jsapi
+from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import event_digest
@@ -237,6 +237,7 @@ class NatsBroker(Broker):
         self._nc = nc
         self._events = events
         self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
+        self._streams = StreamPublisher(nc, PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
 
@@ -444,17 +445,15 @@ class NatsBroker(Broker):
                 f" of {self._nc.max_payload} bytes"
             )
         try:
-            acked = await self._js.publish_async(target, body, headers=all_headers or None)
-            async with asyncio.timeout(PUBLISH_TIMEOUT):
-                await acked
-        except (NoRespondersError, NoStreamResponseError):
+            await self._streams.publish(target, body, all_headers or None)
+        except NoStream:
             raise PublishError(
                 f"no stream captures '{target}' (does the group exist? is the bucket < HC?)"
             ) from None
-        except (NatsTimeoutError, TimeoutError):
+        except TimeoutError:
             refused = self._events.refusal(target)
             raise PublishError(refused or f"no acknowledgement for '{target}' in time") from None
-        except JetStreamError as exc:
+        except Rejected as exc:
             raise PublishError(f"'{target}' rejected: {exc}") from None
 
     async def bind(
@@ -475,6 +474,7 @@ class NatsBroker(Broker):
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
         owners = await self._bucket(OWNERS_BUCKET)
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
+        ack_all = info.get("config", {}).get("ack_policy") == "all"
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
 
         async def claim(pin: str) -> int:
@@ -491,6 +491,7 @@ class NatsBroker(Broker):
             preferred=preferred,
             on_change=on_change,
             claim=claim,
+            ack_all=ack_all,
         )
 
     async def publish_control(self, group: str, body: bytes) -> None:
@@ -528,7 +529,7 @@ class NatsBroker(Broker):
                 for msg in messages:
                     kind = kinds.get(msg.subject.rsplit(".", 1)[-1])
                     if kind is not None:
-                        at = msg.metadata.timestamp.timestamp()
+                        at = stored_at(msg.reply)
                         yield OutputMessage(kind, msg.data, msg.headers or {}, at)
         finally:
             with contextlib.suppress(Exception):

@@ -6,7 +6,9 @@ owner (so the previous owner's unacked messages come first, in order), claims th
 next ownership epoch (the fencing token its deliveries carry), and fences itself on a 423
 or when the server has not answered a pull sent within most of `priority_timeout` (a stalled
 or cut-off owner: a pull only buffered by the client proves nothing, as the server unpins
-`priority_timeout` after the last pull it received).
+`priority_timeout` after the last pull it received). On a consumer with AckPolicy all (the
+exclusive ones lbg creates) it acks the contiguous floor of finished deliveries, one ack per
+turn of the event loop rather than one per event (see ackfloor.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from nats.aio.subscription import Subscription
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Delivery, EpochBinding, StateListener
 from lbg.broker.nats import jsapi
+from lbg.broker.nats.ackfloor import AckFloor
+from lbg.broker.nats.acksubject import consumer_sequence, delivery_count
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +67,14 @@ class NatsQueueBinding(EpochBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
+        ack_all: bool = False,
     ) -> None:
         super().__init__(queue, on_change)
+        self._ack_all = ack_all
+        self._floor = AckFloor()
+        self._last_delivery: int | None = None
+        self._floor_due = False
+        self._floor_senders: set[asyncio.Task[None]] = set()
         self._claim = claim
         self._owner_epoch = 0
         self._nc = nc
@@ -135,8 +145,32 @@ class NatsQueueBinding(EpochBinding):
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
-        await self._nc.publish(str(delivery.token), b"+ACK")
+        if not self._ack_all:
+            await self._nc.publish(str(delivery.token), b"+ACK")
+        elif self._floor.finish(str(delivery.token)) and not self._floor_due:
+            self._floor_due = True
+            sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
+            self._floor_senders.add(sender)
+            sender.add_done_callback(self._floor_senders.discard)
         return True
+
+    async def _ack_floor_soon(self, epoch: int) -> None:
+        """Ack the floor once the acks finished in this turn of the loop have joined it; a
+        floor of a lost stint is dropped (its deliveries come again, to the next owner)."""
+        await asyncio.sleep(0)
+        self._floor_due = False
+        if epoch != self._epoch:
+            return
+        try:
+            await self._ack_floor()
+        except Exception as exc:  # the connection is going: the next owner gets them again
+            log.warning("queue %d: the ack floor was not sent: %s", self.queue, exc)
+
+    async def _ack_floor(self) -> None:
+        """Send the floor's ack now (before a handover or a close, so nothing comes again)."""
+        reply = self._floor.take()
+        if reply is not None:
+            await self._nc.publish(reply, b"+ACK")
 
     def fence(self, reason: str) -> None:
         self._lose(reason)
@@ -148,6 +182,7 @@ class NatsQueueBinding(EpochBinding):
         self._abort_pull()
         was_owner = self._active and self._pin is not None
         pin = self._pin
+        await self._ack_floor()
         self._lose("released for handover")
         await self._nc.flush()
         if was_owner:
@@ -164,6 +199,8 @@ class NatsQueueBinding(EpochBinding):
         self._abort_pull()
         await cancel_and_wait(self._task)
         pin = self._pin if self._active else None
+        if self._nc.is_connected:
+            await self._ack_floor()
         self._lose("closed")
         if self._nc.is_connected:
             await self._nc.flush()
@@ -187,6 +224,8 @@ class NatsQueueBinding(EpochBinding):
     def _lose(self, reason: str) -> None:
         """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
         self._new_epoch()
+        self._floor = AckFloor()
+        self._last_delivery = None
         self._pin = None
         if self._pinned:
             self._set_active(False, reason)
@@ -303,21 +342,33 @@ class NatsQueueBinding(EpochBinding):
         pull.remaining -= 1
         if pull.remaining <= 0:
             pull.done.set()
-        try:
-            redelivered = msg.metadata.num_delivered > 1
-        except Exception:
-            redelivered = False
+        if self._ack_all and not self._track(pull, msg.reply):
+            return
         self._buffer.put_nowait(
             Delivery(
                 body=msg.data,
                 subject=msg.subject,
                 headers=headers,
-                redelivered=redelivered,
+                redelivered=delivery_count(msg.reply) > 1,
                 epoch=self._epoch,
                 token=msg.reply,
                 owner_epoch=self._owner_epoch,
             )
         )
+
+    def _track(self, pull: _Pull, reply: str) -> bool:
+        """Add a delivery to the ack floor; a gap in the consumer's delivery counter means
+        the server sent this stint a message it never got (a reply lost with a connection, a
+        pull given up): an ack above it would acknowledge it unprocessed, so the stint ends
+        instead (False), and the next owner's RESET brings it again."""
+        delivery = consumer_sequence(reply)
+        if self._last_delivery is not None and delivery != self._last_delivery + 1:
+            pull.done.set()
+            self._lose(f"delivery {self._last_delivery + 1} never arrived (got {delivery})")
+            return False
+        self._last_delivery = delivery
+        self._floor.delivered(reply)
+        return True
 
     def _on_status(self, pull: _Pull, status: str, description: str) -> None:
         if status == "100":

@@ -53,10 +53,12 @@ def pinned_consumer_config(
     ack_wait: float,
     replicas: int = 1,
 ) -> dict[str, Any]:
-    """A durable pull consumer; with `group`, a pinned_client priority group makes it exclusive."""
+    """A durable pull consumer; with `group`, a pinned_client priority group makes it exclusive
+    and its acks cumulative (AckPolicy all: only its one owner acks, so one ack can stand for
+    every delivery below it); competing consumers ack each message."""
     config: dict[str, Any] = {
         "durable_name": name,
-        "ack_policy": "explicit",
+        "ack_policy": "explicit" if group is None else "all",
         "deliver_policy": "all",
         "ack_wait": nanos(ack_wait),
         "max_ack_pending": max_ack_pending,
