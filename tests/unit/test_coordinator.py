@@ -8,6 +8,7 @@ from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import Coordinator
+from lbg.client.steering import BindingSteering
 from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
@@ -43,7 +44,8 @@ async def held_by(*holders: str) -> tuple[Broker, list[MemoryQueueBinding], Memo
 
 
 def member(broker: Broker, mine: MemoryQueueBinding, clock: Clock) -> Coordinator:
-    return Coordinator(broker, "g", "me", {0: mine}, lambda q: None, interval=0.15, clock=clock)
+    steering = BindingSteering({0: mine}, lambda q: None)
+    return Coordinator(broker, "g", "me", steering, interval=0.15, clock=clock)
 
 
 def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> None:

@@ -15,6 +15,7 @@ from lbg.broker.base import Broker, QueueStatus
 from lbg.broker.memory import reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import Coordinator
+from lbg.client.steering import BindingSteering
 from lbg.model.assignment import balanced_assignment
 from lbg.model.control import (
     Heartbeat,
@@ -271,8 +272,7 @@ def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
         broker,
         "g",
         "me",
-        bindings,
-        released.append,
+        BindingSteering(bindings, released.append),
         interval=0.15,
         lease=0.7,
         clock=clock,

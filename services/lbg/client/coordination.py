@@ -19,6 +19,7 @@ from typing import Protocol
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.client.coordinator import Coordinator
+from lbg.client.steering import BindingSteering
 from lbg.metrics import Family, gauge
 from lbg.model.assignment import is_primary
 
@@ -161,8 +162,7 @@ class DynamicCoordinator:
             seat.broker,
             seat.group,
             seat.client_id,
-            seat.bindings,
-            seat.request_release,
+            BindingSteering(seat.bindings, seat.request_release),
             interval=role.heartbeat_interval,
             lease=role.lease,
             margin=role.lease_margin,

@@ -24,10 +24,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from lbg.broker.base import Broker, BrokerError, QueueBinding
+from lbg.broker.base import Broker, BrokerError
 from lbg.client.membership import MembershipView
+from lbg.client.steering import Steering
 from lbg.model.control import (
     GOSSIP_SECONDS,
     ControlMessage,
@@ -57,8 +58,7 @@ class Coordinator:
         broker: Broker,
         group: str,
         member: str,
-        bindings: Mapping[int, QueueBinding],
-        request_release: Callable[[int], None],
+        steering: Steering,
         interval: float = 0.15,
         lease: float = 0.7,
         clock: Callable[[], float] = time.monotonic,
@@ -71,9 +71,8 @@ class Coordinator:
         self._broker = broker
         self._group = group
         self.member = member
-        self._bindings = bindings
-        self._request_release = request_release
-        self.queue_count = len(bindings) if queue_count is None else queue_count
+        self._steering = steering
+        self.queue_count = len(steering.holdings()) if queue_count is None else queue_count
         self.generation = generation
         self._on_newer_generation = on_newer_generation
         self.interval = interval
@@ -157,10 +156,7 @@ class Coordinator:
         if self.state is MemberState.LEAVING or state is self.state:
             return
         self.state = state
-        for binding in self._bindings.values():
-            if stalled:
-                binding.fence("member stalled: a handler hung past the stall timeout")
-            binding.suspend(stalled)
+        self._steering.suspend_all(stalled, "member stalled: a handler hung past the stall timeout")
         log.warning("member %s is %s", self.member, state.value)
 
     async def tick(self) -> None:
@@ -199,14 +195,9 @@ class Coordinator:
                 self._clock() - self.own_lease.confirmed,
             )
             self._lapse_told = True
-        self._fence_all(reason)
+        self._steering.fence_all(reason)
         # The others count this member as gone: so do the overrides that pin queues to it.
         self._drop_overrides(self.member, reason)
-
-    def _fence_all(self, reason: str) -> None:
-        for binding in self._bindings.values():
-            if binding.active:
-                binding.fence(reason)
 
     def _receive(self, body: bytes) -> None:
         try:
@@ -241,8 +232,8 @@ class Coordinator:
 
     def _current(self) -> dict[int, str]:
         current = self.view.owners()
-        for queue, binding in self._bindings.items():
-            if binding.active:
+        for queue, holding in self._steering.holdings().items():
+            if holding.active:
                 current[queue] = self.member
             elif current.get(queue) == self.member:
                 del current[queue]
@@ -299,11 +290,11 @@ class Coordinator:
         members = self._members()
         pinned = self.overrides.active(members)
         self.desired = assign_with_overrides(self.queue_count, members, self._current(), pinned)
-        for queue, binding in self._bindings.items():
+        for queue, holding in self._steering.holdings().items():
             owner = self.desired.get(queue)
-            binding.set_preferred(owner == self.member)
-            if binding.active and owner != self.member and self._ready(owner, queue):
-                self._request_release(queue)
+            self._steering.prefer(queue, owner == self.member)
+            if holding.active and owner != self.member and self._ready(owner, queue):
+                self._steering.release(queue)
 
     def _ready(self, member: str | None, queue: int) -> bool:
         """The new owner stands ready for the queue (a release now pauses it only briefly)."""
@@ -328,23 +319,24 @@ class Coordinator:
         }
         now = self._clock()
         unknown: dict[int, tuple[str, float]] = {}
-        for queue, binding in list(self._bindings.items()):  # a resize may change them meanwhile
-            if self.desired.get(queue) != self.member or binding.active:
+        for queue, holding in self._steering.holdings().items():
+            if self.desired.get(queue) != self.member or holding.active:
                 continue
-            pin = await binding.pinned_by()
+            pin = await self._steering.pinned_by(queue)
             if pin is None or (pin in live and pin not in stalled):
                 continue
             seen_pin, since = self._unknown.get(queue, (pin, now))
             since = since if seen_pin == pin else now
             if pin in self._gone_pins or pin in stalled or now - since >= self._evict_unclaimed:
-                await binding.evict(pin)
+                await self._steering.evict(queue, pin)
             else:
                 unknown[queue] = (pin, since)
         self._unknown = unknown
 
     async def _beat(self) -> None:
-        owns = {q: b.pin for q, b in self._bindings.items() if b.active and b.pin}
-        wants = frozenset(q for q, b in self._bindings.items() if b.waiting)
+        holdings = self._steering.holdings()
+        owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
+        wants = frozenset(q for q, h in holdings.items() if h.waiting)
         beat = self.own_lease.sent()
         heartbeat = Heartbeat(self.member, self.state, owns, wants, self.generation, beat)
         await self._broker.publish_control(self._group, heartbeat.encode())
