@@ -1,0 +1,232 @@
+"""What an idle group costs, by queue count: no events flow, the members only keep their places.
+
+For each size (queues x dynamic clients) on each broker, in one run: a fresh group, the clients
+started and settled (every queue served), then over a quiet window the clients' CPU, the
+broker's CPU and the control channel's bytes/s (heartbeats and gossip); then one more client
+joins (process start to its 'joined' line) and one is killed -9 (until a peer logs it gone,
+which is when its queues are evicted and move: with no events flowing nothing is pinned, so
+"served" cannot be observed). The cost should follow the events, not the queue count (issue 25).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+import uvloop
+
+from lbg.broker.base import Broker, BrokerError
+from lbg.devstack.deployment import Daemon, LocalDeployment
+from lbg.model.group import GroupConfig
+from measure import (
+    BenchError,
+    BrokerRun,
+    broker_options,
+    chosen_brokers,
+    cpu_seconds,
+    run_per_broker,
+    table,
+)
+
+JOINED = "member {} joined"
+GONE = "member {} is gone"
+SETTLE_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Size:
+    """One group shape to measure."""
+
+    queues: int
+    clients: int
+
+    @property
+    def label(self) -> str:
+        return f"QC {self.queues} x {self.clients}"
+
+
+def parse_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[Size]:
+    """`16x4,64x4` -> sizes; a bad item is a usage error naming it."""
+    sizes = []
+    for item in value.split(","):
+        queues, _, clients = item.strip().partition("x")
+        if not (queues.isdigit() and clients.isdigit() and int(queues) and int(clients)):
+            raise click.BadParameter(f"{item!r}: expected QUEUESxCLIENTS, e.g. 64x4")
+        sizes.append(Size(int(queues), int(clients)))
+    return sizes
+
+
+def logged(deployment: LocalDeployment, names: list[str], text: str) -> bool:
+    """Every one of `names`' logs has `text` (with the name filled in for each)."""
+    return all(
+        text.format(name) in deployment.daemons[name].log_path.read_text(errors="replace")
+        for name in names
+        if deployment.daemons[name].log_path.exists()
+    ) and all(deployment.daemons[name].log_path.exists() for name in names)
+
+
+async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon]) -> float:
+    """Seconds until `check()` held; BenchError naming `what` after `timeout`."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout:
+            tails = "\n".join(d.log_tail(5) for d in daemons[:2])
+            raise BenchError(f"{what} not within {timeout:.0f} s\n{tails}")
+        for daemon in daemons:
+            if not daemon.running:
+                raise BenchError(f"{daemon.name} exited: {daemon.log_tail(5)}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float) -> dict:
+    """Idle CPU and control bytes/s at one size, then a join and a crash."""
+    name = f"idle-{uuid.uuid4().hex[:6]}"
+    config = GroupConfig(hash_prefix=name, hash_count=max(64, size.queues), queue_count=size.queues)
+    await broker.create_group(name, config)
+    deployment = run.deployment(name)
+    control_bytes = 0
+
+    def count(body: bytes) -> None:
+        nonlocal control_bytes
+        control_bytes += len(body)
+
+    unsubscribe = await broker.subscribe_control(name, count)
+    try:
+        clients = [
+            deployment.start(f"c{n}", "lbg-client", "--id", f"c{n}") for n in range(size.clients)
+        ]
+        names = [c.name for c in clients]
+        joined = lambda: logged(deployment, names, JOINED)  # noqa: E731
+        await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
+        await asyncio.sleep(3.0)
+        before = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
+        broker_before = cpu_seconds(run.pid) if run.pid else None
+        bytes_before, started = control_bytes, time.monotonic()
+        await asyncio.sleep(window)
+        elapsed = time.monotonic() - started
+        after = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
+        broker_after = cpu_seconds(run.pid) if run.pid else None
+        result: dict[str, Any] = {
+            "queues": size.queues,
+            "clients": size.clients,
+            "clients_cpu_pct": round(100 * (sum(after) - sum(before)) / elapsed, 1),
+            "broker_cpu_pct": None
+            if broker_before is None or broker_after is None
+            else round(100 * (broker_after - broker_before) / elapsed, 1),
+            "control_bytes_per_s": round((control_bytes - bytes_before) / elapsed),
+        }
+        joiner = deployment.start("joiner", "lbg-client", "--id", "joiner")
+        result["join_s"] = round(
+            await wait_until(
+                lambda: logged(deployment, ["joiner"], JOINED),
+                SETTLE_TIMEOUT,
+                f"{size.label}: the joiner joined",
+                [*clients, joiner],
+            ),
+            2,
+        )
+        victim, witness = clients[0], clients[1:] or [joiner]
+        victim.send(signal.SIGKILL)
+        victim.wait(5)
+        result["crash_s"] = round(
+            await wait_until(
+                lambda: logged(deployment, [witness[0].name], GONE.replace("{}", victim.name)),
+                SETTLE_TIMEOUT,
+                f"{size.label}: the others saw the killed client gone",
+                [*witness, joiner],
+            ),
+            2,
+        )
+        return result
+    finally:
+        with contextlib.suppress(BrokerError):
+            await unsubscribe()
+        await asyncio.to_thread(deployment.stop_all)
+        with contextlib.suppress(BrokerError):
+            await broker.delete_group(name)
+
+
+async def scenario(run: BrokerRun, sizes: list[Size], window: float) -> dict[str, Any]:
+    """Every size on one broker."""
+    broker = await run.connect("bench-idle")
+    try:
+        rows = []
+        for size in sizes:
+            print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
+            rows.append(await measure_size(run, broker, size, window))
+        return {"sizes": rows}
+    finally:
+        await broker.close()
+
+
+def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
+    """One table per figure: sizes down, brokers across."""
+    kinds = list(results)
+    lines: list[str] = []
+    for key, title in (
+        ("clients_cpu_pct", "clients' CPU, % of a core"),
+        ("broker_cpu_pct", "broker CPU, % of a core"),
+        ("control_bytes_per_s", "control channel, bytes/s"),
+        ("join_s", "join: start -> joined, s"),
+        ("crash_s", "kill -9 -> seen gone, s"),
+    ):
+        rows = []
+        for index, size in enumerate(sizes):
+            cells = []
+            for kind in kinds:
+                measured = results[kind].get("sizes") or []
+                value = measured[index].get(key) if index < len(measured) else None
+                cells.append("-" if value is None else str(value))
+            rows.append((size.label, cells))
+        lines += ["", *table(16, kinds, [""], rows, width=12, heading=title)]
+    lines += [f"[{k}] {v['error']}" for k, v in results.items() if "error" in v]
+    return lines
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--sizes", default="16x4,64x4,256x8", show_default=True, callback=parse_sizes,
+              help="QUEUESxCLIENTS, comma-separated.")  # fmt: skip
+@click.option("--window", default=15.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds of quiet measured per size.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Last stdout line: every figure as JSON.")
+@broker_options
+def main(
+    sizes: list[Size],
+    window: float,
+    as_json: bool,
+    brokers: tuple[str, ...],
+    broker_url: str | None,
+    admin_url: str | None,
+) -> None:
+    """Idle cost of a group by queue count, on each broker, in one run."""
+    kinds = chosen_brokers(brokers, broker_url, admin_url)
+    with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
+        results = uvloop.run(
+            run_per_broker(
+                kinds,
+                broker_url,
+                admin_url,
+                Path(folder),
+                lambda run: scenario(run, sizes, window),
+                lambda line: print(line, file=sys.stderr),
+            )
+        )
+    for line in show(results, sizes):
+        click.echo(line)
+    if as_json:
+        click.echo(orjson.dumps(results).decode())
+
+
+if __name__ == "__main__":
+    main()
