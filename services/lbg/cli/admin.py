@@ -14,6 +14,7 @@ from lbg.api import default_id
 from lbg.broker import check_broker_runs, connect_broker
 from lbg.broker.base import Broker, GroupExists
 from lbg.cli.common import (
+    CONTEXT,
     admin_url_option,
     broker_option,
     config_option,
@@ -23,7 +24,9 @@ from lbg.cli.common import (
     one_line_errors,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
+    version_option,
 )
 from lbg.model.group import CATEGORY_HASH, GroupConfig, validate_group_name
 from lbg.model.hashing import HASH_FUNCTIONS
@@ -48,7 +51,8 @@ async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 
         await broker.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option("cg-admin")
 @config_option
 @broker_option
 @admin_url_option
@@ -366,3 +370,6 @@ def revoke_publisher(ctx: click.Context, group: str, user: str) -> None:
 
 for _command in main.commands.values():
     _connection_flags_here_too(_command)
+
+
+settings_defaults(AdminConfig)(main)

@@ -8,6 +8,7 @@ import click
 
 from lbg.api import Client
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     connect_retry_option,
@@ -17,15 +18,19 @@ from lbg.cli.common import (
     one_line_errors,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.handlers import load_handler
 from lbg.metrics import serve as serve_metrics
 from lbg.settings import ClientConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(ClientConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("lbg-client")
 @config_option
 @broker_option
 @connect_retry_option

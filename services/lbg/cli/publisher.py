@@ -11,6 +11,7 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     EXIT_USAGE,
     broker_option,
     config_option,
@@ -21,8 +22,10 @@ from lbg.cli.common import (
     metrics_port_option,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.metrics import serve as serve_metrics
 from lbg.publisher import HashedPublisher, cycle_keys, generated_keys, read_file, read_lines
@@ -32,7 +35,9 @@ from lbg.settings import PublisherConfig
 log = logging.getLogger("lbg.publisher")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(PublisherConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("hashed-publisher")
 @config_option
 @broker_option
 @connect_retry_option

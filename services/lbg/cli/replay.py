@@ -8,6 +8,7 @@ import click
 import orjson
 
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     fail,
@@ -15,8 +16,10 @@ from lbg.cli.common import (
     load,
     one_line_errors,
     quiet_option,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
 from lbg.replay.job import FORMATS, ReplayError, ReplayOptions, check_path, replay
@@ -24,7 +27,9 @@ from lbg.replay.spark import DEFAULT_MASTER, spark_session
 from lbg.settings import PublisherConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(PublisherConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("lbg-replay")
 @click.argument("dataset")
 @config_option
 @broker_option
@@ -49,6 +54,7 @@ from lbg.settings import PublisherConfig
     "--partitions",
     type=click.IntRange(0),
     default=0,
+    show_default=False,
     help="Spark tasks (at most HC) [default: 2 x the master's cores].",
 )
 @click.option("--window", type=int, help="Most unacked publishes per task (one per key).")

@@ -15,6 +15,7 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     EXIT_FAILURE,
     EXIT_USAGE,
     EXPECTED_ERRORS,
@@ -30,6 +31,7 @@ from lbg.cli.common import (
     run_folder,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
@@ -38,7 +40,8 @@ from lbg.devstack.brokers import LOCAL_BROKERS
 from lbg.model.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option("lbg")
 def main() -> None:
     """Tools around sticky load-balanced groups (the daemons are cg-admin, hashed-publisher,
     lbg-client and validation-client): status, route and move operate a running group."""
@@ -65,7 +68,9 @@ def hash_keys(function: str, buckets: int, keys: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--port", type=int, default=0, help="Client port [default: a free one].")
+@click.option(
+    "--port", type=int, default=0, show_default=False, help="Client port [default: a free one]."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--data-dir",

@@ -12,6 +12,7 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     connect_retry_option,
@@ -20,8 +21,10 @@ from lbg.cli.common import (
     metrics_port_option,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.liveview import LiveView, serve_live_view
 from lbg.metrics import serve as serve_metrics
@@ -32,7 +35,9 @@ from lbg.validator import Validator, run_validator
 log = logging.getLogger("lbg.validator")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(ValidatorConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("validation-client")
 @config_option
 @broker_option
 @connect_retry_option
