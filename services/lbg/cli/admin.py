@@ -20,6 +20,7 @@ from lbg.cli.common import (
     config_option,
     fail,
     load,
+    log_format_option,
     naming_the_broker,
     one_line_errors,
     quiet_option,
@@ -37,9 +38,15 @@ PUBLISHER_PASSWORD_ENV = "LBG_PUBLISHER_PASSWORD"
 
 
 def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
-    overrides = {"broker.url": ctx.obj["broker_url"], "broker.admin_url": ctx.obj["admin_url"]}
+    overrides = {
+        "broker.url": ctx.obj["broker_url"],
+        "broker.admin_url": ctx.obj["admin_url"],
+        "logging.format": ctx.obj["logging_format"],
+    }
     overrides |= {f"group.{key}": value for key, value in group_overrides.items()}
-    return load(ctx.obj["config_path"], AdminConfig, overrides)
+    settings = load(ctx.obj["config_path"], AdminConfig, overrides)
+    setup_logging(quiet=ctx.obj["quiet"], config=settings.logging)
+    return settings
 
 
 async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 2.0) -> int:
@@ -56,6 +63,7 @@ async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 
 @config_option
 @broker_option
 @admin_url_option
+@log_format_option
 @quiet_option
 @click.pass_context
 def main(
@@ -63,6 +71,7 @@ def main(
     config_path: str | None,
     broker_url: str | None,
     admin_url: str | None,
+    logging_format: str | None,
     quiet: bool,
 ) -> None:
     """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
@@ -72,7 +81,13 @@ def main(
     category) is stored in the broker for every daemon to read.
     """
     setup_logging(quiet=quiet)
-    ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
+    ctx.obj = {
+        "config_path": config_path,
+        "broker_url": broker_url,
+        "admin_url": admin_url,
+        "logging_format": logging_format,
+        "quiet": quiet,
+    }
 
 
 def _given_here(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

@@ -14,6 +14,7 @@ from lbg.cli.common import (
     connect_retry_option,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     one_line_errors,
     quiet_option,
@@ -50,6 +51,7 @@ from lbg.settings import ClientConfig
 @click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
 @click.option("--window", type=int, help="Events in flight per queue (keys concurrent, in order).")
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -66,6 +68,7 @@ def main(
     retries: int | None,
     window: int | None,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -87,6 +90,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "client.id": client_id,
         "client.index": index,
@@ -98,6 +102,7 @@ def main(
         "client.window": window,
     }
     settings = load(config_path, ClientConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     with one_line_errors():
         handler_function, hooks = load_handler(settings.client.handler)
         client = Client(

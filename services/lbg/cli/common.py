@@ -23,9 +23,10 @@ import uvloop
 from lbg.broker.base import BrokerError, GroupNotFound
 from lbg.cli.localstate import DEFAULT_FOLDER, running_state
 from lbg.handlers import HandlerLoadError
+from lbg.logs import TEXT_FORMAT, formatter
 from lbg.model.group import GroupConfigError
 from lbg.model.hashing import HashKeyError
-from lbg.settings import ConfigError, load_config
+from lbg.settings import LOG_FORMATS, ConfigError, LoggingSettings, load_config
 
 T = TypeVar("T")
 
@@ -103,6 +104,14 @@ group_option = click.option(
 verbose_option = click.option(
     "-v", "--verbose", count=True, help="More log detail (-vv for debug)."
 )
+log_format_option = click.option(
+    "--log-format",
+    "logging_format",
+    type=click.Choice(LOG_FORMATS),
+    envvar="LBG_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as text or as JSON objects, one per line [config: logging.format].",
+)
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
 
 
@@ -153,22 +162,32 @@ def _shown_default(value: Any) -> str:
     return str(value)
 
 
-def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
-    """Timestamped one-line logs on stderr; stdout stays free for reports."""
-    level = logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
+def setup_logging(
+    verbose: int = 0, quiet: bool = False, config: LoggingSettings | None = None
+) -> None:
+    """One-line logs on stderr (stdout stays free for reports): text or JSON as `[logging]`
+    says; -v/-vv/-q override its level. Called again once the config is read."""
+    config = config or LoggingSettings()
+    level = (
+        logging.WARNING
+        if quiet
+        else logging.DEBUG
+        if verbose > 1
+        else logging.INFO
+        if verbose
+        else getattr(logging, config.level.upper())
     )
-    logging.getLogger("lbg.validator.shards").setLevel(logging.INFO if verbose else logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(config.format))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    shards = logging.INFO if verbose or level == logging.DEBUG else logging.WARNING
+    logging.getLogger("lbg.validator.shards").setLevel(shards)
     if verbose < 2:
         for noisy in NOISY_LIBRARIES:
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+            logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
         # The adapters log every lost connection and retry themselves, in one line each.
         logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_library_tracebacks_dropped)
+        handler.addFilter(_library_tracebacks_dropped)
 
 
 NOISY_LIBRARIES = ("nats", "httpx", "aio_pika", "aiormq")
@@ -191,7 +210,7 @@ def run_folder(workdir: str | None, name: str) -> Path:
     logging.basicConfig(
         filename=folder / f"{name}.log",
         level=logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format=TEXT_FORMAT,
     )
     return folder
 

@@ -19,6 +19,7 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     quiet_option,
     run,
@@ -58,6 +59,7 @@ log = logging.getLogger("lbg.publisher")
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final stats as one JSON line.")
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -75,6 +77,7 @@ def main(
     summary: bool | None,
     as_json: bool,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -88,6 +91,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "publisher.id": publisher_id,
         "publisher.input": input_path,
@@ -99,6 +103,7 @@ def main(
         "publisher.summary": summary,
     }
     settings = load(config_path, PublisherConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     p = settings.publisher
     name = p.id or default_id("pub")
     if p.input and p.input != "-":

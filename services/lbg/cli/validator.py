@@ -18,6 +18,7 @@ from lbg.cli.common import (
     connect_retry_option,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     quiet_option,
     run,
@@ -58,6 +59,7 @@ log = logging.getLogger("lbg.validator")
     help="Serve the live view (queue x client grid, handovers, counts) on this port.",
 )
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -71,6 +73,7 @@ def main(
     idle_exit: float | None,
     web_port: int | None,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -85,6 +88,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "validator.report_json": report_json,
         "validator.strict": strict,
@@ -93,6 +97,7 @@ def main(
         "validator.web_port": web_port,
     }
     settings = load(config_path, ValidatorConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     v = settings.validator
 
     async def validate(stop: asyncio.Event) -> int:
