@@ -27,7 +27,7 @@ USER 10001:10001
 STOPSIGNAL SIGTERM
 # No HTTP endpoint is assumed here (metrics are off unless configured): the daemon must be PID 1
 # (exec form, no --init) and neither stopped (SIGSTOP, a stalled client) nor a zombie.
-# compose/compose.yaml probes /metrics instead for the daemons that serve it.
+# compose/compose.yaml probes /readyz instead (`lbg probe 9464`) for the daemons that serve it.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys; stat = open('/proc/1/stat').read(); sys.exit(stat.rpartition(')')[2].split()[0] in 'TtZX')"]
 CMD ["lbg", "--help"]

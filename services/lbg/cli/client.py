@@ -25,6 +25,7 @@ from lbg.cli.common import (
     version_option,
 )
 from lbg.handlers import load_handler
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS
 from lbg.metrics import serve as serve_metrics
 from lbg.settings import ClientConfig
 
@@ -115,8 +116,14 @@ def main(
         )
 
     async def serve(stop: asyncio.Event) -> int:
-        serve_metrics(settings.metrics.port, settings.metrics.address, client.metric_families)
-        await client.run(stop)
+        async with serve_metrics(
+            settings.metrics.port,
+            settings.metrics.address,
+            client.metric_families,
+            client.ready,
+            (HANDLER_SECONDS, HANDOVER_SECONDS),
+        ):
+            await client.run(stop)
         return 0
 
     run(serve)

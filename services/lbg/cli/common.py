@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib.metadata
 import io
 import logging
 import os
@@ -24,6 +23,7 @@ from lbg.broker.base import BrokerError, GroupNotFound
 from lbg.cli.localstate import DEFAULT_FOLDER, running_state
 from lbg.handlers import HandlerLoadError
 from lbg.logs import TEXT_FORMAT, formatter
+from lbg.metrics import package_version
 from lbg.model.group import GroupConfigError
 from lbg.model.hashing import HashKeyError
 from lbg.settings import LOG_FORMATS, ConfigError, LoggingSettings, load_config
@@ -43,16 +43,7 @@ EXPECTED_ERRORS = (
     ValueError,
 )
 
-DISTRIBUTION = "sticky-lbg"
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
-
-
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml), so --version never drifts."""
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def version_option(prog: str) -> Callable[[T], T]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 
@@ -28,6 +29,7 @@ from lbg.cli.common import (
     verbose_option,
     version_option,
 )
+from lbg.metrics import PUBLISH_SECONDS
 from lbg.metrics import serve as serve_metrics
 from lbg.publisher import HashedPublisher, cycle_keys, generated_keys, read_file, read_lines
 from lbg.retry import join_group
@@ -114,12 +116,19 @@ def main(
         if joined is None:
             return 0
         broker, config = joined
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(broker.close)
             publisher = HashedPublisher(
                 broker, settings.group.name, config, name, window=p.window, rate=p.rate
             )
-            serve_metrics(
-                settings.metrics.port, settings.metrics.address, publisher.metric_families
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics.port,
+                    settings.metrics.address,
+                    publisher.metric_families,
+                    broker.connected,
+                    (PUBLISH_SECONDS,),
+                )
             )
             if p.input == "-":
                 events = read_lines(sys.stdin.buffer, "<stdin>", publisher.stats)
@@ -143,8 +152,6 @@ def main(
             if as_json:
                 sys.stdout.write(orjson.dumps(stats.to_dict()).decode() + "\n")
             return 0 if stats.rejected_input == 0 else 1
-        finally:
-            await broker.close()
 
     run(publish)
 

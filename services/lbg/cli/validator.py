@@ -115,10 +115,13 @@ def main(
                 stack.push_async_callback(
                     (await serve_live_view(view, validator, v.web_port, v.web_address)).cleanup
                 )
-            serve_metrics(
-                settings.metrics.port,
-                settings.metrics.address,
-                lambda: validator.metric_families(settings.group.name),
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics.port,
+                    settings.metrics.address,
+                    lambda: validator.metric_families(settings.group.name),
+                    broker.connected,
+                )
             )
             report = await run_validator(
                 broker,
