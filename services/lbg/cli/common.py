@@ -106,6 +106,31 @@ log_format_option = click.option(
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
 
 
+# The optional extras, by the top-level module that each brings.
+EXTRAS = {
+    "pyarrow": "replay",
+    "pyspark": "replay",
+    "numpy": "replay",
+    "pandas": "replay",
+    "locust": "loadtest",
+    "matplotlib": "loadtest",
+}
+
+
+@contextlib.contextmanager
+def needs_extra() -> Iterator[None]:
+    """Imports in this block that need an optional extra fail with one line naming the extra
+    to install, not a traceback (the bare install is the daemons only)."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").partition(".")[0]
+        if root not in EXTRAS:
+            raise
+        extra = EXTRAS[root]
+        fail(f"needs {root}, from the [{extra}] extra: pip install 'sticky-lbg[{extra}]'")
+
+
 def settings_defaults(schema: type) -> Callable[[click.Command], click.Command]:
     """Show, in each option's help, the default its settings key takes when neither the flag
     nor the config gives it (the flags default to None so a config file's value wins); a

@@ -6,15 +6,8 @@ import time
 
 import click
 
-from lbg.cli.common import CONTEXT, fail, one_line_errors, version_option
-from lbg.replay.dataset import (
-    KEY_COLUMN,
-    ORDER_COLUMN,
-    DatasetError,
-    DatasetSpec,
-    generate,
-    write_dataset,
-)
+from lbg.cli.common import CONTEXT, fail, needs_extra, one_line_errors, version_option
+from lbg.replay import KEY_COLUMN, ORDER_COLUMN
 
 DEFAULT_PATH = "var/dataset/black_friday.parquet"
 
@@ -75,6 +68,8 @@ def main(
 
     Key column: order_id; per-key order column: event_seq (ts also works, unique over the file).
     """
+    with needs_extra():
+        from lbg.replay.dataset import DatasetError, DatasetSpec, generate, write_dataset
     spec = DatasetSpec(rows, orders, accounts, skus, skew, hot_share, seed)
     with one_line_errors():
         started = time.monotonic()

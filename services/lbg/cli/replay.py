@@ -14,6 +14,7 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    needs_extra,
     one_line_errors,
     quiet_option,
     settings_defaults,
@@ -21,9 +22,7 @@ from lbg.cli.common import (
     verbose_option,
     version_option,
 )
-from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.replay.job import FORMATS, ReplayError, ReplayOptions, check_path, replay
-from lbg.replay.spark import DEFAULT_MASTER, spark_session
+from lbg.replay import DEFAULT_MASTER, FORMATS, KEY_COLUMN, ORDER_COLUMN
 from lbg.settings import PublisherConfig
 
 
@@ -96,6 +95,9 @@ def main(
         "publisher.window": window,
     }
     settings = load(config_path, PublisherConfig, overrides)
+    with needs_extra():
+        from lbg.replay.job import ReplayError, ReplayOptions, check_path, replay
+        from lbg.replay.spark import spark_session
     options = ReplayOptions(
         path=dataset,
         key_column=key_column,

@@ -14,6 +14,7 @@ import uvloop
 from lbg.cli.common import (
     CONTEXT,
     fail,
+    needs_extra,
     one_line_errors,
     quiet_option,
     setup_logging,
@@ -22,9 +23,7 @@ from lbg.cli.common import (
 )
 from lbg.cli.dataset import DEFAULT_PATH
 from lbg.devstack.embedded import EmbeddedNats
-from lbg.devstack.replay import LocalReplay, run_local_replay
-from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.replay.job import FORMATS, ReplayError, ReplayOptions
+from lbg.replay import FORMATS, KEY_COLUMN, ORDER_COLUMN
 
 
 @click.command(context_settings=CONTEXT)
@@ -61,6 +60,9 @@ def main(
     row was acked and nothing was lost or reordered. Make the dataset with `make dataset`.
     """
     setup_logging(verbose, quiet)
+    with needs_extra():
+        from lbg.devstack.replay import LocalReplay, run_local_replay
+        from lbg.replay.job import ReplayError, ReplayOptions
     options = ReplayOptions(
         path=dataset,
         key_column=key_column,
