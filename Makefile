@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: constraints demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
+.PHONY: constraints test-compose demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
 
 # The bare install is the daemons only; the make targets and the tests use every extra:
 # [replay] (Spark, Arrow), [loadtest] (Locust, matplotlib) and [test]. Versions are pinned by
@@ -90,6 +90,9 @@ autoscale: $(STAMP)  ## scale the local stack's clients from the backlog until C
 
 down: $(STAMP)  ## stop the local stack
 	$(BIN)/lbg local down
+
+test-compose: $(STAMP)  ## compose.yaml for real (profile nats) on a Docker daemon of its own, local stand-in images
+	bash compose/stand-ins/test-compose.sh
 
 deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
 	$(BIN)/python -m pytest tests/deploy $(ARGS)
