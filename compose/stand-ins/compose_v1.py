@@ -21,9 +21,9 @@ def for_compose_v1(document: dict, profile: str) -> dict:
         depends = service.get("depends_on")
         if isinstance(depends, dict):
             for name, condition in list(depends.items()):
-                if condition.pop("required", True) is False and profile not in document[
-                    "services"
-                ][name].get("profiles", [profile]):
+                if condition.pop("required", True) is False and profile not in document["services"][
+                    name
+                ].get("profiles", [profile]):
                     del depends[name]
     return document
 
