@@ -8,9 +8,10 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The daemons only (no [replay] or [loadtest] extra), at the versions the tests passed with.
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY services ./services
-RUN python -m venv /opt/lbg && /opt/lbg/bin/pip install .
+RUN python -m venv /opt/lbg && /opt/lbg/bin/pip install -c constraints.txt .
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 lbg \
@@ -27,7 +28,7 @@ USER 10001:10001
 STOPSIGNAL SIGTERM
 # No HTTP endpoint is assumed here (metrics are off unless configured): the daemon must be PID 1
 # (exec form, no --init) and neither stopped (SIGSTOP, a stalled client) nor a zombie.
-# compose/compose.yaml probes /metrics instead for the daemons that serve it.
+# compose/compose.yaml probes /readyz instead (`lbg probe 9464`) for the daemons that serve it.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys; stat = open('/proc/1/stat').read(); sys.exit(stat.rpartition(')')[2].split()[0] in 'TtZX')"]
 CMD ["lbg", "--help"]

@@ -4,15 +4,28 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
+.PHONY: constraints test-compose demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
 
-$(STAMP): pyproject.toml
+# The bare install is the daemons only; the make targets and the tests use every extra:
+# [replay] (Spark, Arrow), [loadtest] (Locust, matplotlib) and [test]. Versions are pinned by
+# constraints.txt, the set the tests passed with.
+EXTRAS := test,replay,loadtest
+
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+constraints:  ## re-pin constraints.txt: install the newest allowed versions, test, then commit it
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade -e '.[$(EXTRAS)]'
+	sed -n '/^#/p' constraints.txt > constraints.txt.new
+	$(BIN)/python -m pip freeze --exclude-editable >> constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	@touch $(STAMP)
 
 demo: $(STAMP)  ## the main job: the whole pattern end to end on the embedded broker
 	$(BIN)/lbg demo $(ARGS)
@@ -82,6 +95,9 @@ autoscale: $(STAMP)  ## scale the local stack's clients from the backlog until C
 
 down: $(STAMP)  ## stop the local stack
 	$(BIN)/lbg local down
+
+test-compose: $(STAMP)  ## compose.yaml for real (profile nats) on a Docker daemon of its own, local stand-in images
+	bash compose/stand-ins/test-compose.sh
 
 deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
 	$(BIN)/python -m pytest tests/deploy $(ARGS)

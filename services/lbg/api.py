@@ -154,6 +154,7 @@ class Client:
         self._hooks = hooks
         self._stop = asyncio.Event()
         self._member: LbgClient | None = None
+        self._broker: Broker | None = None
 
     def _role(self) -> Role:
         o = self._options
@@ -179,6 +180,7 @@ class Client:
         if joined is None:
             return ClientStats()
         broker, config = joined
+        self._broker = broker
         o = self._options
         try:
             self._member = LbgClient(
@@ -196,11 +198,16 @@ class Client:
             )
             return await self._member.run(self._stop)
         finally:
+            self._broker = None
             await broker.close()
 
     def stop(self) -> None:
         """Ask the client to hand its queues over and return from `run`."""
         self._stop.set()
+
+    def ready(self) -> bool:
+        """Whether the client joined its group and its broker connection is up (/readyz)."""
+        return self._member is not None and self._broker is not None and self._broker.connected()
 
     def metric_families(self) -> Iterator[Family]:
         """The client's counters and gauges for a Prometheus scrape (none before it joined)."""

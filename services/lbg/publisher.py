@@ -313,9 +313,9 @@ class HashedPublisher:
         yield counter(
             "lbg_publisher_rejected_input", "Input lines skipped as bad.", g, s.rejected_input
         )
-        yield counter(
+        yield gauge(
             "lbg_publisher_failed",
-            "Events given up after every retry.",
+            "1 once an event was given up after every retry (the publisher stops), else 0.",
             g,
             int(self._failure is not None),
         )

@@ -329,12 +329,34 @@ class MetricsSettings:
     address: str = "127.0.0.1"
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSettings:
+    """How a daemon logs on stderr: its level and text lines or JSON objects (log pipelines)."""
+
+    level: str = "info"
+    format: str = "text"
+
+    def validate(self) -> None:
+        """Only the levels and formats the daemons know, so a typo fails at start-up."""
+        for key, value, choices in (
+            ("level", self.level, LOG_LEVELS),
+            ("format", self.format, LOG_FORMATS),
+        ):
+            if value not in choices:
+                raise ValueError(f"{key}: expected one of {', '.join(choices)}, got {_show(value)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class AdminConfig:
     """config/cg-admin.toml."""
 
     broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
     group: GroupSettings = dataclasses.field(default_factory=GroupSettings)
+    logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +367,7 @@ class PublisherConfig:
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     publisher: PublisherSettings = dataclasses.field(default_factory=PublisherSettings)
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,6 +378,7 @@ class ClientConfig:
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     client: ClientSettings = dataclasses.field(default_factory=ClientSettings)
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +389,7 @@ class ValidatorConfig:
     group: GroupRef = dataclasses.field(default_factory=GroupRef)
     validator: ValidatorSettings = dataclasses.field(default_factory=ValidatorSettings)
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
 
 
 def load_config(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, OutputMessage
-from lbg.metrics import Family, gauge
+from lbg.metrics import Family, counter, gauge
 from lbg.model.destinations import OutputKind
 from lbg.model.messages import (
     REASON_HEADER,
@@ -62,6 +62,7 @@ class Validator:
         self.unsequenced = 0
         self.malformed_records = 0
         self.last_message = time.monotonic()
+        self.last_record_time: float | None = None
         self._on_queue_change = on_queue_change
         self._on_observation = on_observation
         self.key_lag: dict[str, float] = {}
@@ -69,6 +70,7 @@ class Validator:
     def handle(self, message: OutputMessage) -> None:
         """Account for one message from the group's output destinations."""
         self.last_message = time.monotonic()
+        self.last_record_time = time.time()
         try:
             if message.kind is OutputKind.VALIDATION:
                 self._processed(message)
@@ -167,9 +169,10 @@ class Validator:
         return self.report().lost == 0
 
     def metric_families(self, group: str) -> Iterator[Family]:
-        """The running report as gauges for a Prometheus scrape (lost: -1 while unknown)."""
+        """The running report for a Prometheus scrape: running totals as counters (`_total`),
+        `lost` only once a publisher summary makes it known (`lbg_validator_lost_known`)."""
         report = self.report()
-        figures = {
+        totals = {
             "delivered": "Validation records read.",
             "unique": "Distinct events processed.",
             "duplicates": "Events processed more than once.",
@@ -179,14 +182,21 @@ class Validator:
             "reassignments": "Events whose key's previous event came from another client.",
             "dead_lettered": "Dead letters seen.",
             "unsequenced": "Events processed that carried no Lbg-Seq (not order-checked).",
-            "keys": "Keys seen.",
         }
-        for name, doc in figures.items():
-            yield gauge(f"lbg_validator_{name}", doc, group, getattr(report, name))
-        lost = -1 if report.lost is None else report.lost
+        for name, doc in totals.items():
+            yield counter(f"lbg_validator_{name}", doc, group, getattr(report, name))
+        yield gauge("lbg_validator_keys", "Keys seen.", group, report.keys)
+        known = report.lost is not None
         yield gauge(
-            "lbg_validator_lost", "Published events never processed (-1: unknown).", group, lost
+            "lbg_validator_lost_known",
+            "1 once publisher summaries say what was published (lbg_validator_lost is there).",
+            group,
+            int(known),
         )
+        if report.lost is not None:
+            yield gauge(
+                "lbg_validator_lost", "Published events never processed.", group, report.lost
+            )
         lags = self.key_lag.values()
         yield gauge(
             "lbg_validator_key_lag_max_seconds",
@@ -200,8 +210,13 @@ class Validator:
             group,
             sum(lags) / len(lags) if lags else 0.0,
         )
-        idle = time.monotonic() - self.last_message
-        yield gauge("lbg_validator_idle_seconds", "Seconds since the last record.", group, idle)
+        if self.last_record_time is not None:
+            yield gauge(
+                "lbg_validator_last_record_timestamp_seconds",
+                "Unix time the latest record arrived (time() minus it: how long it has been idle).",
+                group,
+                self.last_record_time,
+            )
 
     def progress_line(self) -> str:
         """The running counts on one line; `lost` only once a publisher summary makes it known

@@ -337,7 +337,7 @@ def test_nats_profile_client_passes_its_healthcheck_and_stops_on_sigterm(
     client = services["lbg-client"]
     port = free_port()
     probe = [
-        str(BIN / "python") if part == "python" else part.replace("9464", str(port))
+        str(BIN / part) if part in ("python", "lbg") else part.replace("9464", str(port))
         for part in client["healthcheck"]["test"][1:]
     ]
     process = subprocess.Popen(

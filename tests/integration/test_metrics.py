@@ -1,5 +1,6 @@
 """Every daemon serves Prometheus metrics that agree with what it did (on every broker)."""
 
+import importlib.metadata
 import time
 import urllib.request
 from collections.abc import Callable
@@ -14,13 +15,20 @@ Samples = dict[str, float]
 
 
 def scrape(port: int) -> Samples:
-    """Every sample on /metrics by name (labels dropped: one group per daemon here)."""
+    """Every sample on /metrics by name (labels dropped: one group per daemon here), checked
+    against Prometheus conventions: counters end in `_total`, no value below 0 (no sentinel),
+    `lbg_build_info` names the installed version."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if family.type == "counter" and not sample.name.endswith("_created"):
+                assert sample.name.endswith("_total"), sample
+            if family.name == "lbg_build":
+                assert sample.labels == {"version": importlib.metadata.version("sticky-lbg")}
+            assert sample.value >= 0, sample
             samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
     return samples
 
@@ -61,18 +69,26 @@ def test_client_publisher_and_validator_metrics_count_the_same_events(
 
     publisher = wait_until(publisher_port, lambda m: m.get("lbg_publisher_acked_total", 0) >= 100)
     client = wait_for_metric(client_port, "lbg_client_processed_total", EVENTS)
-    validator = wait_for_metric(validator_port, "lbg_validator_unique", EVENTS)
+    validator = wait_for_metric(validator_port, "lbg_validator_unique_total", EVENTS)
 
     assert publisher["lbg_publish_ack_seconds_count"] == publisher["lbg_publisher_acked_total"]
     assert publisher["lbg_publisher_keys"] == 30
-    assert publisher["lbg_publisher_failed_total"] == 0
+    assert publisher["lbg_publisher_failed"] == 0
     assert client["lbg_handler_seconds_count"] == EVENTS
     assert client["lbg_client_queues_active"] == 4
     assert client["lbg_client_dead_lettered_total"] == 0
     assert 0 < client["lbg_client_heartbeat_echo_seconds"] < 1, "no heartbeat came back"
-    assert validator["lbg_validator_reordered"] == 0
-    assert validator["lbg_validator_duplicates"] == 0
-    assert validator["lbg_validator_lost"] == -1, "no summary was sent: loss is unknown"
+    assert validator["lbg_validator_reordered_total"] == 0
+    assert validator["lbg_validator_duplicates_total"] == 0
+    assert validator["lbg_validator_lost_known"] == 0, "no summary was sent: loss is unknown"
+    assert "lbg_validator_lost" not in validator
+    assert 0 < time.time() - validator["lbg_validator_last_record_timestamp_seconds"] < 60
+    for samples in (publisher, client, validator):
+        assert samples["lbg_build_info"] == 1
+    # Each daemon exposes its own metrics only: no other daemon's histograms.
+    assert not any(name.startswith(("lbg_handler_", "lbg_handover_")) for name in publisher)
+    assert not any(name.startswith("lbg_publish_ack_") for name in client)
+    assert not any(name.startswith(("lbg_handler_", "lbg_publish_ack_")) for name in validator)
     assert 0 < validator["lbg_validator_key_lag_max_seconds"] < 30
     assert (
         0

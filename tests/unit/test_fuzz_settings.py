@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lbg.settings import (
+    LOG_FORMATS,
+    LOG_LEVELS,
     AdminConfig,
     ClientConfig,
     ConfigError,
@@ -180,3 +182,29 @@ def test_connect_retry_for_accepts_zero_and_defaults_to_a_minute(tmp_path: Path)
     path.write_text("[broker]\nconnect_retry_for = 0\n", encoding="utf-8")
     assert load_config(path, ClientConfig).broker.connect_retry_for == 0.0
     assert load_config(None, ClientConfig).broker.connect_retry_for == 60.0
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.__name__)
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(["level", "format"]), value=scalars)
+def test_logging_takes_only_known_levels_and_formats(schema: type, key: str, value: Any) -> None:
+    choices = {"level": LOG_LEVELS, "format": LOG_FORMATS}[key]
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "daemon.toml"
+        path.write_text(f"[logging]\n{key} = {toml_value(value)}\n", encoding="utf-8")
+        try:
+            loaded = load_config(path, schema)
+        except ConfigError as exc:
+            assert value not in choices
+            assert str(exc).startswith(f"{path}: [logging] {key}: expected "), str(exc)
+        else:
+            assert value in choices
+            assert getattr(loaded.logging, key) == value
+
+
+@pytest.mark.parametrize("value", [*LOG_LEVELS, *LOG_FORMATS])
+def test_logging_accepts_each_choice_where_it_belongs(value: str, tmp_path: Path) -> None:
+    key = "level" if value in LOG_LEVELS else "format"
+    path = tmp_path / "c.toml"
+    path.write_text(f'[logging]\n{key} = "{value}"\n', encoding="utf-8")
+    assert getattr(load_config(path, ClientConfig).logging, key) == value

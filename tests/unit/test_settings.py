@@ -212,7 +212,7 @@ def test_unknown_key_lists_the_known_ones(tmp_path: Path) -> None:
 def test_unknown_section(tmp_path: Path) -> None:
     path = write(tmp_path, "[clients]\nindex = 1\n")
     assert error_of(path, ClientConfig) == (
-        f"{path}: [clients]: unknown section (known: broker, client, group, metrics)"
+        f"{path}: [clients]: unknown section (known: broker, client, group, logging, metrics)"
     )
 
 

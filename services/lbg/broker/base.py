@@ -223,6 +223,11 @@ class Broker(abc.ABC):
         MalformedMessage, the dead-letter reason, if the subject carries no usable key."""
         return parse_event_topic(subject, self.topic_separator)
 
+    def connected(self) -> bool:
+        """Whether the connection to the broker is up now (readiness, /readyz); an adapter
+        that cannot tell says True and relies on its operations failing."""
+        return True
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Flush pending work and disconnect."""

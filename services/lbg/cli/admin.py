@@ -14,16 +14,20 @@ from lbg.api import default_id
 from lbg.broker import check_broker_runs, connect_broker
 from lbg.broker.base import Broker, GroupExists
 from lbg.cli.common import (
+    CONTEXT,
     admin_url_option,
     broker_option,
     config_option,
     fail,
     load,
+    log_format_option,
     naming_the_broker,
     one_line_errors,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
+    version_option,
 )
 from lbg.model.group import CATEGORY_HASH, GroupConfig, validate_group_name
 from lbg.model.hashing import HASH_FUNCTIONS
@@ -34,9 +38,15 @@ PUBLISHER_PASSWORD_ENV = "LBG_PUBLISHER_PASSWORD"
 
 
 def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
-    overrides = {"broker.url": ctx.obj["broker_url"], "broker.admin_url": ctx.obj["admin_url"]}
+    overrides = {
+        "broker.url": ctx.obj["broker_url"],
+        "broker.admin_url": ctx.obj["admin_url"],
+        "logging.format": ctx.obj["logging_format"],
+    }
     overrides |= {f"group.{key}": value for key, value in group_overrides.items()}
-    return load(ctx.obj["config_path"], AdminConfig, overrides)
+    settings = load(ctx.obj["config_path"], AdminConfig, overrides)
+    setup_logging(quiet=ctx.obj["quiet"], config=settings.logging)
+    return settings
 
 
 async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 2.0) -> int:
@@ -48,10 +58,12 @@ async def _with_broker(settings: AdminConfig, action, priority_timeout: float = 
         await broker.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option("cg-admin")
 @config_option
 @broker_option
 @admin_url_option
+@log_format_option
 @quiet_option
 @click.pass_context
 def main(
@@ -59,6 +71,7 @@ def main(
     config_path: str | None,
     broker_url: str | None,
     admin_url: str | None,
+    logging_format: str | None,
     quiet: bool,
 ) -> None:
     """Administer load-balanced groups (LBG): queues, bucket subscriptions and the stored config.
@@ -68,7 +81,13 @@ def main(
     category) is stored in the broker for every daemon to read.
     """
     setup_logging(quiet=quiet)
-    ctx.obj = {"config_path": config_path, "broker_url": broker_url, "admin_url": admin_url}
+    ctx.obj = {
+        "config_path": config_path,
+        "broker_url": broker_url,
+        "admin_url": admin_url,
+        "logging_format": logging_format,
+        "quiet": quiet,
+    }
 
 
 def _given_here(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -366,3 +385,6 @@ def revoke_publisher(ctx: click.Context, group: str, user: str) -> None:
 
 for _command in main.commands.values():
     _connection_flags_here_too(_command)
+
+
+settings_defaults(AdminConfig)(main)

@@ -8,24 +8,31 @@ import click
 
 from lbg.api import Client
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     connect_retry_option,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     one_line_errors,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.handlers import load_handler
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS
 from lbg.metrics import serve as serve_metrics
 from lbg.settings import ClientConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(ClientConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("lbg-client")
 @config_option
 @broker_option
 @connect_retry_option
@@ -45,6 +52,7 @@ from lbg.settings import ClientConfig
 @click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
 @click.option("--window", type=int, help="Events in flight per queue (keys concurrent, in order).")
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -61,6 +69,7 @@ def main(
     retries: int | None,
     window: int | None,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -82,6 +91,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "client.id": client_id,
         "client.index": index,
@@ -93,6 +103,7 @@ def main(
         "client.window": window,
     }
     settings = load(config_path, ClientConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     with one_line_errors():
         handler_function, hooks = load_handler(settings.client.handler)
         client = Client(
@@ -105,8 +116,14 @@ def main(
         )
 
     async def serve(stop: asyncio.Event) -> int:
-        serve_metrics(settings.metrics.port, settings.metrics.address, client.metric_families)
-        await client.run(stop)
+        async with serve_metrics(
+            settings.metrics.port,
+            settings.metrics.address,
+            client.metric_families,
+            client.ready,
+            (HANDLER_SECONDS, HANDOVER_SECONDS),
+        ):
+            await client.run(stop)
         return 0
 
     run(serve)

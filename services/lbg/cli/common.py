@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -21,9 +22,11 @@ import uvloop
 from lbg.broker.base import BrokerError, GroupNotFound
 from lbg.cli.localstate import DEFAULT_FOLDER, running_state
 from lbg.handlers import HandlerLoadError
+from lbg.logs import TEXT_FORMAT, formatter
+from lbg.metrics import package_version
 from lbg.model.group import GroupConfigError
 from lbg.model.hashing import HashKeyError
-from lbg.settings import ConfigError, load_config
+from lbg.settings import LOG_FORMATS, ConfigError, LoggingSettings, load_config
 
 T = TypeVar("T")
 
@@ -40,13 +43,31 @@ EXPECTED_ERRORS = (
     ValueError,
 )
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def version_option(prog: str) -> Callable[[T], T]:
+    """`--version`: the command's name and the installed package version."""
+    return click.version_option(
+        package_version(), "-V", "--version", prog_name=prog, message="%(prog)s %(version)s"
+    )
+
+
 config_option = click.option(
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
+    envvar="LBG_CONFIG",
+    show_envvar=True,
     help="TOML config file (see config/); flags override its keys.",
 )
-broker_option = click.option("--broker-url", help="Broker URL, e.g. nats://127.0.0.1:4222.")
+broker_option = click.option(
+    "--broker-url",
+    envvar="LBG_BROKER_URL",
+    show_envvar=True,
+    help="Broker URL, e.g. rabbitmq://host:5672 [default: the local stack in ./var/local if "
+    "one runs, else the config's broker.url, else nats://127.0.0.1:4222].",
+)
 metrics_port_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -57,37 +78,132 @@ connect_retry_option = click.option(
     "connect_retry_for",
     type=click.FloatRange(min=0),
     help="Seconds to keep retrying at start-up while the broker or the group is not there "
-    "(0: fail at once) [config: broker.connect_retry_for; default 60].",
+    "(0: fail at once) [config: broker.connect_retry_for].",
 )
 admin_url_option = click.option(
     "--admin-url",
     help="Management API: RabbitMQ's http://host:15672 or Solace's SEMP http://host:8080.",
 )
 group_option = click.option(
-    "--group", "group_name", help="Group name (its config is read from the broker)."
+    "--group",
+    "group_name",
+    envvar="LBG_GROUP",
+    show_envvar=True,
+    help="Group name (its config is read from the broker) [default: the local stack's group, "
+    "else the config's group.name, else orders].",
 )
 verbose_option = click.option(
     "-v", "--verbose", count=True, help="More log detail (-vv for debug)."
 )
+log_format_option = click.option(
+    "--log-format",
+    "logging_format",
+    type=click.Choice(LOG_FORMATS),
+    envvar="LBG_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as text or as JSON objects, one per line [config: logging.format].",
+)
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
 
 
-def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
-    """Timestamped one-line logs on stderr; stdout stays free for reports."""
-    level = logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
+# The optional extras, by the top-level module that each brings.
+EXTRAS = {
+    "pyarrow": "replay",
+    "pyspark": "replay",
+    "numpy": "replay",
+    "pandas": "replay",
+    "locust": "loadtest",
+    "matplotlib": "loadtest",
+}
+
+
+@contextlib.contextmanager
+def needs_extra() -> Iterator[None]:
+    """Imports in this block that need an optional extra fail with one line naming the extra
+    to install, not a traceback (the bare install is the daemons only)."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").partition(".")[0]
+        if root not in EXTRAS:
+            raise
+        extra = EXTRAS[root]
+        fail(f"needs {root}, from the [{extra}] extra: pip install 'sticky-lbg[{extra}]'")
+
+
+def settings_defaults(schema: type) -> Callable[[click.Command], click.Command]:
+    """Show, in each option's help, the default its settings key takes when neither the flag
+    nor the config gives it (the flags default to None so a config file's value wins); a
+    group's subcommands too, so apply it to a group after they are all added."""
+
+    def decorate(command: click.Command) -> click.Command:
+        defaults = _flattened_defaults(schema)
+        for sub in getattr(command, "commands", {}).values():
+            decorate(sub)
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.to_info_dict()["default"] is not None:
+                continue
+            value = next((defaults[k] for k in _candidate_keys(param.name) if k in defaults), None)
+            if value in (None, "") or "[default:" in (param.help or ""):
+                continue
+            if param.is_flag and param.secondary_opts:
+                value = param.opts[0] if value else param.secondary_opts[0]
+            param.help = f"{param.help or ''} [default: {_shown_default(value)}]".strip()
+        return command
+
+    return decorate
+
+
+def _flattened_defaults(schema: type) -> dict[str, Any]:
+    """Every leaf default of a settings schema by its flag-style name (`broker_url`, `rate`)."""
+    found: dict[str, Any] = {}
+    for section in dataclasses.fields(schema):
+        for field in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+            found.setdefault(f"{section.name}_{field.name}", field.default)
+            found.setdefault(field.name, field.default)
+    return found
+
+
+def _candidate_keys(name: str | None) -> tuple[str, ...]:
+    """The names under which a parameter may find its settings default (as flag_names())."""
+    if name is None:
+        return ()
+    return (name, name.removesuffix("_path"), name.removesuffix("_mb"))
+
+
+def _shown_default(value: Any) -> str:
+    """A default as the TOML would spell it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def setup_logging(
+    verbose: int = 0, quiet: bool = False, config: LoggingSettings | None = None
+) -> None:
+    """One-line logs on stderr (stdout stays free for reports): text or JSON as `[logging]`
+    says; -v/-vv/-q override its level. Called again once the config is read."""
+    config = config or LoggingSettings()
+    level = (
+        logging.WARNING
+        if quiet
+        else logging.DEBUG
+        if verbose > 1
+        else logging.INFO
+        if verbose
+        else getattr(logging, config.level.upper())
     )
-    logging.getLogger("lbg.validator.shards").setLevel(logging.INFO if verbose else logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(config.format))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    shards = logging.INFO if verbose or level == logging.DEBUG else logging.WARNING
+    logging.getLogger("lbg.validator.shards").setLevel(shards)
     if verbose < 2:
         for noisy in NOISY_LIBRARIES:
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+            logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
         # The adapters log every lost connection and retry themselves, in one line each.
         logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_library_tracebacks_dropped)
+        handler.addFilter(_library_tracebacks_dropped)
 
 
 NOISY_LIBRARIES = ("nats", "httpx", "aio_pika", "aiormq")
@@ -110,7 +226,7 @@ def run_folder(workdir: str | None, name: str) -> Path:
     logging.basicConfig(
         filename=folder / f"{name}.log",
         level=logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format=TEXT_FORMAT,
     )
     return folder
 

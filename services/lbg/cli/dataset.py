@@ -6,20 +6,14 @@ import time
 
 import click
 
-from lbg.cli.common import fail, one_line_errors
-from lbg.replay.dataset import (
-    KEY_COLUMN,
-    ORDER_COLUMN,
-    DatasetError,
-    DatasetSpec,
-    generate,
-    write_dataset,
-)
+from lbg.cli.common import CONTEXT, fail, needs_extra, one_line_errors, version_option
+from lbg.replay import KEY_COLUMN, ORDER_COLUMN
 
 DEFAULT_PATH = "var/dataset/black_friday.parquet"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
+@version_option("lbg-dataset")
 @click.option(
     "--output",
     "-o",
@@ -29,8 +23,20 @@ DEFAULT_PATH = "var/dataset/black_friday.parquet"
     help="Parquet file to write (folders are created).",
 )
 @click.option("--rows", default=200_000, show_default=True, type=int, help="Events to generate.")
-@click.option("--orders", default=0, type=int, help="Distinct orders (keys) [default: rows/20].")
-@click.option("--accounts", default=0, type=int, help="Accounts placing them [default: orders/4].")
+@click.option(
+    "--orders",
+    default=0,
+    show_default=False,
+    type=int,
+    help="Distinct orders (keys) [default: rows/20].",
+)
+@click.option(
+    "--accounts",
+    default=0,
+    show_default=False,
+    type=int,
+    help="Accounts placing them [default: orders/4].",
+)
 @click.option("--skus", default=2_000, show_default=True, type=int, help="Distinct products.")
 @click.option(
     "--skew",
@@ -62,6 +68,8 @@ def main(
 
     Key column: order_id; per-key order column: event_seq (ts also works, unique over the file).
     """
+    with needs_extra():
+        from lbg.replay.dataset import DatasetError, DatasetSpec, generate, write_dataset
     spec = DatasetSpec(rows, orders, accounts, skus, skew, hot_share, seed)
     with one_line_errors():
         started = time.monotonic()

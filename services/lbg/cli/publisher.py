@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 
@@ -11,6 +12,7 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     EXIT_USAGE,
     broker_option,
     config_option,
@@ -18,12 +20,16 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
+from lbg.metrics import PUBLISH_SECONDS
 from lbg.metrics import serve as serve_metrics
 from lbg.publisher import HashedPublisher, cycle_keys, generated_keys, read_file, read_lines
 from lbg.retry import join_group
@@ -32,7 +38,9 @@ from lbg.settings import PublisherConfig
 log = logging.getLogger("lbg.publisher")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(PublisherConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("hashed-publisher")
 @config_option
 @broker_option
 @connect_retry_option
@@ -53,6 +61,7 @@ log = logging.getLogger("lbg.publisher")
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final stats as one JSON line.")
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -70,6 +79,7 @@ def main(
     summary: bool | None,
     as_json: bool,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -83,6 +93,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "publisher.id": publisher_id,
         "publisher.input": input_path,
@@ -94,6 +105,7 @@ def main(
         "publisher.summary": summary,
     }
     settings = load(config_path, PublisherConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     p = settings.publisher
     name = p.id or default_id("pub")
     if p.input and p.input != "-":
@@ -104,12 +116,19 @@ def main(
         if joined is None:
             return 0
         broker, config = joined
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(broker.close)
             publisher = HashedPublisher(
                 broker, settings.group.name, config, name, window=p.window, rate=p.rate
             )
-            serve_metrics(
-                settings.metrics.port, settings.metrics.address, publisher.metric_families
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics.port,
+                    settings.metrics.address,
+                    publisher.metric_families,
+                    broker.connected,
+                    (PUBLISH_SECONDS,),
+                )
             )
             if p.input == "-":
                 events = read_lines(sys.stdin.buffer, "<stdin>", publisher.stats)
@@ -133,8 +152,6 @@ def main(
             if as_json:
                 sys.stdout.write(orjson.dumps(stats.to_dict()).decode() + "\n")
             return 0 if stats.rejected_input == 0 else 1
-        finally:
-            await broker.close()
 
     run(publish)
 

@@ -8,23 +8,27 @@ import click
 import orjson
 
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     fail,
     group_option,
     load,
+    needs_extra,
     one_line_errors,
     quiet_option,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
-from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.replay.job import FORMATS, ReplayError, ReplayOptions, check_path, replay
-from lbg.replay.spark import DEFAULT_MASTER, spark_session
+from lbg.replay import DEFAULT_MASTER, FORMATS, KEY_COLUMN, ORDER_COLUMN
 from lbg.settings import PublisherConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(PublisherConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("lbg-replay")
 @click.argument("dataset")
 @config_option
 @broker_option
@@ -49,6 +53,7 @@ from lbg.settings import PublisherConfig
     "--partitions",
     type=click.IntRange(0),
     default=0,
+    show_default=False,
     help="Spark tasks (at most HC) [default: 2 x the master's cores].",
 )
 @click.option("--window", type=int, help="Most unacked publishes per task (one per key).")
@@ -90,6 +95,9 @@ def main(
         "publisher.window": window,
     }
     settings = load(config_path, PublisherConfig, overrides)
+    with needs_extra():
+        from lbg.replay.job import ReplayError, ReplayOptions, check_path, replay
+        from lbg.replay.spark import spark_session
     options = ReplayOptions(
         path=dataset,
         key_column=key_column,

@@ -11,15 +11,23 @@ import click
 import orjson
 import uvloop
 
-from lbg.cli.common import fail, one_line_errors, quiet_option, setup_logging, verbose_option
+from lbg.cli.common import (
+    CONTEXT,
+    fail,
+    needs_extra,
+    one_line_errors,
+    quiet_option,
+    setup_logging,
+    verbose_option,
+    version_option,
+)
 from lbg.cli.dataset import DEFAULT_PATH
 from lbg.devstack.embedded import EmbeddedNats
-from lbg.devstack.replay import LocalReplay, run_local_replay
-from lbg.replay.dataset import KEY_COLUMN, ORDER_COLUMN
-from lbg.replay.job import FORMATS, ReplayError, ReplayOptions
+from lbg.replay import FORMATS, KEY_COLUMN, ORDER_COLUMN
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
+@version_option("lbg replay-local")
 @click.argument("dataset", default=DEFAULT_PATH)
 @click.option("--broker-url", help="A running NATS broker [default: a private nats-server].")
 @click.option("--clients", default=2, show_default=True, type=click.IntRange(1), help="Clients.")
@@ -52,6 +60,9 @@ def main(
     row was acked and nothing was lost or reordered. Make the dataset with `make dataset`.
     """
     setup_logging(verbose, quiet)
+    with needs_extra():
+        from lbg.devstack.replay import LocalReplay, run_local_replay
+        from lbg.replay.job import ReplayError, ReplayOptions
     options = ReplayOptions(
         path=dataset,
         key_column=key_column,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from lbg.cli.common import fail
+from lbg.cli.common import fail, needs_extra
 from lbg.devstack.spark_cluster import (
     SparkClusterError,
     executors,
@@ -52,7 +52,7 @@ def spark_cluster() -> None:
 @click.option("--memory", default="1g", show_default=True, help="Memory per worker.")
 def up(folder: str, workers: int, cores: int, memory: str) -> None:
     """Start the cluster in the background and print its master URL."""
-    with _one_line():
+    with _one_line(), needs_extra():
         if (Path(folder) / "cluster.json").exists():
             fail(f"a Spark cluster already runs from {folder} (stop it with `down`)")
         state = start_cluster(Path(folder), workers, cores, memory)

@@ -8,6 +8,9 @@ import dataclasses
 import signal
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import click
@@ -15,6 +18,7 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     EXIT_FAILURE,
     EXIT_USAGE,
     EXPECTED_ERRORS,
@@ -30,15 +34,18 @@ from lbg.cli.common import (
     run_folder,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.soak import soak
 from lbg.cli.spark_cluster import spark_cluster
 from lbg.devstack.brokers import LOCAL_BROKERS
 from lbg.model.hashing import HASH_FUNCTIONS, HashKeyError, bucket_for
+from lbg.settings import ClientConfig, ConfigError, PublisherConfig, ValidatorConfig, load_config
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option("lbg")
 def main() -> None:
     """Tools around sticky load-balanced groups (the daemons are cg-admin, hashed-publisher,
     lbg-client and validation-client): status, route and move operate a running group."""
@@ -65,7 +72,9 @@ def hash_keys(function: str, buckets: int, keys: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--port", type=int, default=0, help="Client port [default: a free one].")
+@click.option(
+    "--port", type=int, default=0, show_default=False, help="Client port [default: a free one]."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--data-dir",
@@ -266,6 +275,61 @@ def _run_with_broker(settings, action) -> None:
             await broker.close()
 
     run(main)
+
+
+@main.command()
+@click.argument("port", type=click.IntRange(1, 65535), required=False)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Take the port and address from this daemon config's [metrics] table instead.",
+)
+@click.option("--host", default="127.0.0.1", help="Where the daemon serves its metrics.")
+@click.option(
+    "--path",
+    type=click.Choice(["/readyz", "/healthz"]),
+    default="/readyz",
+    help="/readyz: broker connected and group bound; /healthz: the event loop answers.",
+)
+@click.option(
+    "--wait", type=click.FloatRange(min=0), default=0.0, help="Seconds to keep asking (0: once)."
+)
+def probe(port: int | None, config_path: str | None, host: str, path: str, wait: float) -> None:
+    """Ask a daemon's /readyz (or /healthz) on its metrics PORT; exit 0 once it answers 200,
+    else 1 with one line saying why (systemd's ExecStartPost, container health checks)."""
+    if config_path is not None:
+        port, address = _metrics_of(config_path)
+        host = host if address in ("0.0.0.0", "::") else address
+    if not port:
+        fail("give the metrics PORT, or --config of a daemon whose [metrics] port is set", 2)
+    url = f"http://{host}:{port}{path}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with opener.open(url, timeout=3):
+                return
+        except urllib.error.HTTPError as exc:
+            reason = f"{exc.code} {exc.read().decode(errors='replace').strip()}"
+        except OSError as exc:
+            reason = str(getattr(exc, "reason", None) or exc)
+        if time.monotonic() + 0.5 > deadline:
+            fail(f"{url}: {reason}")
+        time.sleep(0.5)
+
+
+def _metrics_of(config_path: str) -> tuple[int, str]:
+    """The [metrics] port and address of any daemon's config file (one-line error if bad)."""
+    errors = []
+    for schema in (ClientConfig, PublisherConfig, ValidatorConfig):
+        try:
+            metrics = load_config(config_path, schema).metrics
+        except ConfigError as exc:
+            errors.append(str(exc))
+            continue
+        return metrics.port, metrics.address
+    fail(errors[0], EXIT_USAGE)
 
 
 def _print_json(document: object) -> None:

@@ -12,16 +12,20 @@ import orjson
 
 from lbg.api import default_id
 from lbg.cli.common import (
+    CONTEXT,
     broker_option,
     config_option,
     connect_retry_option,
     group_option,
     load,
+    log_format_option,
     metrics_port_option,
     quiet_option,
     run,
+    settings_defaults,
     setup_logging,
     verbose_option,
+    version_option,
 )
 from lbg.liveview import LiveView, serve_live_view
 from lbg.metrics import serve as serve_metrics
@@ -32,7 +36,9 @@ from lbg.validator import Validator, run_validator
 log = logging.getLogger("lbg.validator")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_defaults(ValidatorConfig)
+@click.command(context_settings=CONTEXT)
+@version_option("validation-client")
 @config_option
 @broker_option
 @connect_retry_option
@@ -53,6 +59,7 @@ log = logging.getLogger("lbg.validator")
     help="Serve the live view (queue x client grid, handovers, counts) on this port.",
 )
 @metrics_port_option
+@log_format_option
 @verbose_option
 @quiet_option
 def main(
@@ -66,6 +73,7 @@ def main(
     idle_exit: float | None,
     web_port: int | None,
     metrics_port: int | None,
+    logging_format: str | None,
     verbose: int,
     quiet: bool,
 ) -> None:
@@ -80,6 +88,7 @@ def main(
         "broker.url": broker_url,
         "broker.connect_retry_for": connect_retry_for,
         "metrics.port": metrics_port,
+        "logging.format": logging_format,
         "group.name": group_name,
         "validator.report_json": report_json,
         "validator.strict": strict,
@@ -88,6 +97,7 @@ def main(
         "validator.web_port": web_port,
     }
     settings = load(config_path, ValidatorConfig, overrides)
+    setup_logging(verbose, quiet, settings.logging)
     v = settings.validator
 
     async def validate(stop: asyncio.Event) -> int:
@@ -105,10 +115,13 @@ def main(
                 stack.push_async_callback(
                     (await serve_live_view(view, validator, v.web_port, v.web_address)).cleanup
                 )
-            serve_metrics(
-                settings.metrics.port,
-                settings.metrics.address,
-                lambda: validator.metric_families(settings.group.name),
+            await stack.enter_async_context(
+                serve_metrics(
+                    settings.metrics.port,
+                    settings.metrics.address,
+                    lambda: validator.metric_families(settings.group.name),
+                    broker.connected,
+                )
             )
             report = await run_validator(
                 broker,

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-KEY_COLUMN = "order_id"
-ORDER_COLUMN = "event_seq"
+from lbg.replay import KEY_COLUMN, ORDER_COLUMN
+
 EVENT_TYPES = ("order_created", "quantity_changed", "paid", "shipped", "cancelled")
 CREATED, CHANGED, PAID, SHIPPED, CANCELLED = range(len(EVENT_TYPES))
 BLACK_FRIDAY = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)

@@ -34,6 +34,7 @@ from lbg.broker import connect_broker
 from lbg.model.group import GroupConfig
 from lbg.model.messages import MalformedMessage, check_key
 from lbg.publisher import HashedPublisher, PublishStats
+from lbg.replay import FORMATS
 from lbg.settings import BrokerSettings
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ log = logging.getLogger("lbg.replay")
 
 PARTITION_COLUMN = "_lbg_partition"
 TAG_SEARCH = 64
-FORMATS = ("auto", "parquet", "csv", "json")
 PROGRESS_SECONDS = 5.0
 RESULT_SCHEMA = (
     "partition int, attempt int, publisher string, rows long, acked long, rejected long,"

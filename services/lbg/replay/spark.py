@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from lbg.replay import DEFAULT_MASTER
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_MASTER = "local[2]"
 APP_NAME = "lbg-replay"
 LOOPBACK = ("127.0.0.1", "localhost")
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -249,6 +249,9 @@ class NatsBroker(Broker):
         events = _ConnectionLog()
         return cls(await connect_nats(settings, name, events), events, priority_timeout)
 
+    def connected(self) -> bool:
+        return self._nc.is_connected
+
     async def close(self) -> None:
         self._events.closing = True
         with contextlib.suppress(Exception):

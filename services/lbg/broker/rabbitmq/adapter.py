@@ -108,6 +108,10 @@ class RabbitBroker(RabbitProvisioning, Broker):
             raise
         return broker
 
+    def connected(self) -> bool:
+        connection = self._connection
+        return connection is not None and not connection.is_closed and connection.connected.is_set()
+
     async def close(self) -> None:
         self._closing = True
         await cancel_and_wait(self._ticker)

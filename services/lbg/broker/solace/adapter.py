@@ -387,6 +387,9 @@ class SolaceBroker(Broker):
         direct.start()
         self._direct = direct
 
+    def connected(self) -> bool:
+        return bool(self._service.is_connected)
+
     async def close(self) -> None:
         for receiver in [self._publisher, self._direct, *self._receivers]:
             if receiver is not None:
