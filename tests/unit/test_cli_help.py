@@ -72,4 +72,4 @@ def test_config_and_group_from_the_environment(tmp_path: Path) -> None:
     assert f"{config}: [client] window: expected an integer >= 1, got 0" in result.output
     result = CliRunner().invoke(client.main, [], env={"LBG_GROUP": "not a name"})
     assert result.exit_code == 2
-    assert "--group: expected letters" in result.output
+    assert "--group: expected 1-64 characters" in result.output
