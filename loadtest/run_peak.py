@@ -24,7 +24,7 @@ import orjson
 import uvloop
 
 from lbg.broker import connect_broker
-from lbg.cli.common import fail, needs_extra, one_line_errors
+from lbg.cli.common import fail, one_line_errors, require_extra
 from lbg.devstack.embedded import EmbeddedNats
 from lbg.devstack.scaling import AutoscalePolicy, LocalStack, StackState, autoscale
 from lbg.model.group import GroupConfig
@@ -271,9 +271,9 @@ def main(
     as_json: bool,
 ) -> None:
     """Ramp Locust publishers up to a peak, hold it, ramp down; then report what arrived."""
-    with needs_extra():  # before any broker starts: Locust runs in a child, the plot at the end
-        import locust  # noqa: F401
-        import matplotlib  # noqa: F401
+    # Before any broker starts. Found, not imported: Locust runs in a child process, since
+    # its gevent monkey-patching hangs this asyncio process.
+    require_extra("locust", "matplotlib")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
 

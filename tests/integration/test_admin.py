@@ -214,7 +214,7 @@ def test_missing_group_is_one_line(admin: Admin, command: str) -> None:
         pytest.param(["--queue-count", "0"], ("--queue-count",), id="QC=0"),
         pytest.param(["--hash-count", "0"], ("--hash-count",), id="HC=0"),
         pytest.param(["--hash-prefix", "a.b"], ("--hash-prefix",), id="HP=a.b"),
-        pytest.param(["--hash-prefix", "_x"], ("HP", "hash_prefix"), id="HP=_x"),
+        pytest.param(["--hash-prefix", "_x"], ("--hash-prefix", "_x"), id="HP=_x"),
         pytest.param(
             ["--from-json", '{"HP": "hpj", "HC": 5, "QC": 12}'],
             ("HC", "hash_count"),

@@ -251,8 +251,8 @@ IMPOSSIBLE_GROUPS = {
     "CU-with-a-space": (["--client-username", "a b"], "", ["CU (client username)", "'a b'"]),
     "name-with-a-space": (["--group", "a b"], "", ["--group", '"a b"']),
     "name-with-a-dot": (["--group", "a.b"], "", ["--group", '"a.b"']),
-    "name-leading-dash": (["--group", "-a"], "", ["group name", "'-a'"]),
-    "name-too-long": (["--group", "n" * 65], "", ["group name", "n" * 40]),
+    "name-leading-dash": (["--group", "-a"], "", ["--group", '"-a"']),
+    "name-too-long": (["--group", "n" * 65], "", ["--group", "n" * 40]),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import logging
 import os
@@ -129,6 +130,15 @@ def needs_extra() -> Iterator[None]:
             raise
         extra = EXTRAS[root]
         fail(f"needs {root}, from the [{extra}] extra: pip install 'sticky-lbg[{extra}]'")
+
+
+def require_extra(*modules: str) -> None:
+    """Fail in one line naming the extra if a module of one is not installed, without
+    importing it (Locust's gevent patches every socket of the process that imports it)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            extra = EXTRAS[module]
+            fail(f"needs {module}, from the [{extra}] extra: pip install 'sticky-lbg[{extra}]'")
 
 
 def settings_defaults(schema: type) -> Callable[[click.Command], click.Command]:
