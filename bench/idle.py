@@ -68,11 +68,11 @@ def parse_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> lis
 
 def logged(deployment: LocalDeployment, names: list[str], text: str) -> bool:
     """Every one of `names`' logs has `text` (with the name filled in for each)."""
-    return all(
-        text.format(name) in deployment.daemons[name].log_path.read_text(errors="replace")
-        for name in names
-        if deployment.daemons[name].log_path.exists()
-    ) and all(deployment.daemons[name].log_path.exists() for name in names)
+    for name in names:
+        path = deployment.daemons[name].log_path
+        if not path.exists() or text.format(name) not in path.read_text(errors="replace"):
+            return False
+    return True
 
 
 async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon]) -> float:
