@@ -21,6 +21,7 @@ from lbg.aio import cancel_and_wait
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
+from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.client import LbgClient
 from lbg.client.coordination import DynamicRole, Role, StaticRole
 from lbg.handlers import Context, republish
@@ -43,9 +44,8 @@ MEMBER: contextvars.ContextVar[str | None] = contextvars.ContextVar("member", de
 
 @pytest.fixture(autouse=True)
 def quick_handovers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client's standby delay, poll and leave timeout short (seconds in production)."""
+    """The client's standby delay and leave timeout short (seconds in production)."""
     monkeypatch.setattr(client_module, "STANDBY_DELAY", 0.02)
-    monkeypatch.setattr(client_module, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(api_module, "DynamicRole", partial(DynamicRole, leave_timeout=0.3))
 
 
@@ -224,6 +224,35 @@ def test_three_clients_handle_every_event_once_and_in_order() -> None:
     group.check_once()
     group.check_in_order()
     assert {w.client for w in group.writes} == {"a", "b", "c"}, "the queues are shared"
+
+
+def test_idle_workers_sleep_until_a_message_or_a_handover_needs_them(monkeypatch) -> None:
+    """No events, no changes: a worker looks at its binding only when woken, not on a timer
+    (the idle cost must not grow with the queue count); events still flow once published."""
+    looks: list[int] = []
+    ready = MemoryQueueBinding.ready
+
+    def counted(binding: MemoryQueueBinding) -> Any:
+        looks.append(binding.queue)
+        return ready(binding)
+
+    async def scenario(group: Group) -> None:
+        await group.join("a")
+        await group.join("b")
+        await group.balanced()
+        await asyncio.sleep(0.3)
+        looks.clear()
+        await asyncio.sleep(1.0)
+        idle.extend(looks)
+        await group.publish(60)
+        await group.settle()
+
+    idle: list[int] = []
+    monkeypatch.setattr(MemoryQueueBinding, "ready", counted)
+    group = run(scenario)
+    assert len(idle) <= CONFIG.queue_count, f"idle workers looked {len(idle)} times in 1 s"
+    group.check_once()
+    group.check_in_order()
 
 
 def test_a_planned_handover_loses_and_repeats_nothing() -> None:

@@ -120,6 +120,15 @@ class QueueBinding(abc.ABC):
         return None
 
     @abc.abstractmethod
+    async def next_or_interrupted(self) -> Delivery | None:
+        """Like `next()`, but None once `interrupt()` was called: a worker sleeps until a
+        message or something else needs it, rather than waking on a timer to check."""
+
+    @abc.abstractmethod
+    def interrupt(self) -> None:
+        """Make the pending (or the next) `next_or_interrupted()` return None."""
+
+    @abc.abstractmethod
     def owns(self, delivery: Delivery) -> bool:
         """True if the delivery may still be processed: the binding has not lost the queue since."""
 
@@ -175,28 +184,42 @@ class EpochBinding(QueueBinding):
     def __init__(self, queue: int, on_change: StateListener | None) -> None:
         self.queue = queue
         self._on_change = on_change
-        self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
+        # None in the buffer is an interruption (`interrupt`), not a delivery.
+        self._buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self._epoch = 0
         self._active = False
 
     async def next(self) -> Delivery:
         while True:
             delivery = await self._buffer.get()
-            if delivery.epoch == self._epoch:
+            if delivery is not None and delivery.epoch == self._epoch:
                 return delivery
+
+    async def next_or_interrupted(self) -> Delivery | None:
+        while True:
+            delivery = await self._buffer.get()
+            if delivery is None or delivery.epoch == self._epoch:
+                return delivery
+
+    def interrupt(self) -> None:
+        self._buffer.put_nowait(None)
 
     def ready(self) -> Delivery | None:
         while not self._buffer.empty():
             delivery = self._buffer.get_nowait()
-            if delivery.epoch == self._epoch:
+            if delivery is not None and delivery.epoch == self._epoch:
                 return delivery
         return None
 
     def _new_epoch(self) -> None:
-        """Forget what was delivered so far: it may no longer be processed or acked."""
+        """Forget what was delivered so far: it may no longer be processed or acked (an
+        interruption stays, so a worker waiting for it is still woken)."""
         self._epoch += 1
+        interrupted = False
         while not self._buffer.empty():
-            self._buffer.get_nowait()
+            interrupted = self._buffer.get_nowait() is None or interrupted
+        if interrupted:
+            self.interrupt()
 
     def _set_active(self, active: bool, reason: str) -> None:
         if active == self._active:

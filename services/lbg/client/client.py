@@ -46,7 +46,6 @@ from lbg.model.messages import (
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.2
 STANDBY_DELAY = 0.5
 CONFIG_CHECK_SECONDS = 2.0
 CONFIG_READ_GAP = 0.2
@@ -97,6 +96,7 @@ class LbgClient:
         self._workers: list[asyncio.Task[None]] = []
         self._config_changed = asyncio.Event()
         self._release_requested: set[int] = set()
+        self._interrupted: set[int] = set()
         self._stopping = False
         self._busy: dict[object, float] = {}
         self._hooks = hooks or Hooks()
@@ -109,7 +109,7 @@ class LbgClient:
             group,
             client_id,
             self._bindings,
-            self._release_requested.add,
+            self._request_release,
             self._oldest_busy,
             lambda _generation: self._config_changed.set(),
         )
@@ -147,7 +147,18 @@ class LbgClient:
         now = time.monotonic()
         return max((now - started for started in self._busy.values()), default=0.0)
 
+    def _interrupt(self, queue: int) -> None:
+        """Wake the queue's worker: it has something to do besides waiting for a message."""
+        self._interrupted.add(queue)
+        if (binding := self._bindings.get(queue)) is not None:
+            binding.interrupt()
+
+    def _request_release(self, queue: int) -> None:
+        self._release_requested.add(queue)
+        self._interrupt(queue)
+
     def _on_change(self, queue: int, active: bool) -> None:
+        self._interrupt(queue)
         if active:
             self.stats.active.add(queue)
             self.stats.handovers += 1
@@ -177,6 +188,8 @@ class LbgClient:
             if follower is not None:
                 await cancel_and_wait(follower)
         self._stopping = True
+        for binding in list(self._bindings.values()):
+            binding.interrupt()
         await asyncio.gather(*self._workers, return_exceptions=True)
         for binding in self._bindings.values():
             with contextlib.suppress(Exception):
@@ -223,7 +236,8 @@ class LbgClient:
         for queue in range(before, config.queue_count):
             await self._bind(config, queue)
         for queue in range(config.queue_count, before):
-            self._bindings.pop(queue, None)
+            if (binding := self._bindings.pop(queue, None)) is not None:
+                binding.interrupt()
         self._config = config
         log.info(
             "client %s: group '%s' resized, QC %d -> %d (generation %d)",
@@ -246,6 +260,7 @@ class LbgClient:
     async def _work(self, binding: QueueBinding) -> None:
         lanes = KeyLanes(self._window)
         while not self._stopping and not self._retired(binding):
+            self._interrupted.discard(binding.queue)
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
                 if not binding.active:
@@ -260,7 +275,9 @@ class LbgClient:
                 )
                 continue
             await self._announce(binding, lanes, binding.active)
-            delivery = binding.ready() or await _next_within(binding, POLL_SECONDS)
+            delivery = binding.ready()
+            if delivery is None and binding.queue not in self._interrupted:
+                delivery = await binding.next_or_interrupted()
             if delivery is None:
                 continue
             if not self._may_process(binding, delivery):
@@ -440,12 +457,3 @@ class LbgClient:
         self.stats.dead_lettered += 1
         log.warning("queue %d: dead-lettered a message: %s", binding.queue, headers[REASON_HEADER])
         return True
-
-
-async def _next_within(binding: QueueBinding, seconds: float) -> Delivery | None:
-    """The binding's next delivery, or None if none came within `seconds`."""
-    try:
-        async with asyncio.timeout(seconds):
-            return await binding.next()
-    except TimeoutError:
-        return None

@@ -34,6 +34,7 @@ class MemoryQueueBinding(EpochBinding):
         self._holding = False
         self._closed = False
         self._wake = asyncio.Event()
+        self._interrupted = False
 
     @property
     def active(self) -> bool:
@@ -80,21 +81,39 @@ class MemoryQueueBinding(EpochBinding):
         """Let a waiting `next()` look again."""
         self._wake.set()
 
+    def interrupt(self) -> None:
+        self._interrupted = True
+        self.wake()
+
+    def ready(self) -> Delivery | None:
+        event = self.state.take(self) if self._active else None
+        if event is None:
+            return None
+        return Delivery(
+            body=event.body,
+            subject=event.subject,
+            headers=event.headers,
+            redelivered=event.deliveries > 1,
+            epoch=self._epoch,
+            token=event.seq,
+            owner_epoch=self._owner_epoch,
+        )
+
     async def next(self) -> Delivery:
         while True:
             self._wake.clear()
-            event = self.state.take(self) if self._active else None
-            if event is not None:
-                return Delivery(
-                    body=event.body,
-                    subject=event.subject,
-                    headers=event.headers,
-                    redelivered=event.deliveries > 1,
-                    epoch=self._epoch,
-                    token=event.seq,
-                    owner_epoch=self._owner_epoch,
-                )
+            if (delivery := self.ready()) is not None:
+                return delivery
             await self._wake.wait()
+
+    async def next_or_interrupted(self) -> Delivery | None:
+        while not self._interrupted:
+            self._wake.clear()
+            if (delivery := self.ready()) is not None:
+                return delivery
+            await self._wake.wait()
+        self._interrupted = False
+        return None
 
     def owns(self, delivery: Delivery) -> bool:
         return delivery.epoch == self._epoch and self._active
