@@ -114,6 +114,11 @@ def inbox_prefix(user: str | None) -> str:
     return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
 
 
+def unpinned_subject(stream: str) -> str:
+    """Where the server announces that a consumer of `stream` lost its pin (timeout, UNPIN)."""
+    return f"$JS.EVENT.ADVISORY.CONSUMER.UNPINNED.{stream}.*"
+
+
 def consumer_name(queue: int) -> str:
     return f"q{queue}"
 
@@ -240,6 +245,8 @@ class NatsBroker(Broker):
         self._streams = StreamPublisher(nc, PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
+        # Per events stream: consumer -> the binding its UNPINNED advisories wake.
+        self._unpin_watch: dict[str, dict[str, NatsQueueBinding]] = {}
 
     @classmethod
     async def connect(
@@ -484,10 +491,10 @@ class NatsBroker(Broker):
             record = orjson.dumps({"client": client_id, "pin": pin})
             return await claim_epoch(owners, f"{group}.{queue}", record)
 
-        return NatsQueueBinding(
+        binding = NatsQueueBinding(
             self._nc,
-            events_stream(group),
-            consumer_name(queue),
+            stream,
+            consumer,
             queue,
             pinned=config.exclusive,
             priority_timeout=priority_timeout,
@@ -495,7 +502,27 @@ class NatsBroker(Broker):
             on_change=on_change,
             claim=claim,
             ack_all=ack_all,
+            advised=config.exclusive,
         )
+        if config.exclusive:
+            (await self._unpins_of(stream))[consumer] = binding
+        return binding
+
+    async def _unpins_of(self, stream: str) -> dict[str, NatsQueueBinding]:
+        """The bindings woken by `stream`'s UNPINNED advisories (one subscription per stream):
+        a standby that lets the owner be waits for one instead of asking who owns the queue
+        every second, so idle standbys cost the server nothing."""
+        watched = self._unpin_watch.get(stream)
+        if watched is None:
+            watched = self._unpin_watch[stream] = {}
+
+            async def wake(msg: Msg) -> None:
+                binding = watched.get(msg.subject.rpartition(".")[2])
+                if binding is not None:
+                    binding.unpinned()
+
+            await self._nc.subscribe(unpinned_subject(stream), cb=wake)
+        return watched
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

@@ -37,6 +37,12 @@ PRIORITY_GROUP = "lbg"
 PIN_HEADER = "Nats-Pin-Id"
 FENCE_FRACTION = 0.8
 PULL_BATCH = 200
+# A standby woken by UNPINNED advisories still looks this many priority timeouts after its
+# last look, in case an advisory was lost (core NATS delivers them at most once).
+ADVISED_LOOK_TIMEOUTS = 5
+# A waiting standby looks for orphaned deliveries after an UNPINNED advisory, else after this
+# many empty pulls (about ADVISED_LOOK_TIMEOUTS priority timeouts).
+ADVISED_EMPTY_PULLS = 3 * ADVISED_LOOK_TIMEOUTS
 
 # Records this client as the queue's owner under `pin`; returns the new ownership epoch.
 ClaimEpoch = Callable[[str], Awaitable[int]]
@@ -44,13 +50,14 @@ ClaimEpoch = Callable[[str], Awaitable[int]]
 
 @dataclass(eq=False)
 class _Pull:
-    """One outstanding pull request and its reply inbox."""
+    """One outstanding pull request; `ended` once the server said it is done with it (no
+    more messages can come for it)."""
 
-    subscription: Subscription | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     remaining: int = 0
     takeover_pin: str | None = None
     sent: float = 0.0
+    ended: bool = False
 
 
 class NatsQueueBinding(EpochBinding):
@@ -68,8 +75,10 @@ class NatsQueueBinding(EpochBinding):
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
         ack_all: bool = False,
+        advised: bool = False,
     ) -> None:
         super().__init__(queue, on_change)
+        self._advised = advised
         self._ack_all = ack_all
         self._floor = AckFloor()
         self._last_delivery: int | None = None
@@ -92,7 +101,9 @@ class NatsQueueBinding(EpochBinding):
         self._wake = asyncio.Event()
         self._closed = False
         self._pull = _Pull()
+        self._inbox: Subscription | None = None
         self._rewind_due = False
+        self._empty_pulls = ADVISED_EMPTY_PULLS  # the first empty pull looks for orphans
         self._task = asyncio.create_task(self._pull_loop(), name=f"pull-{consumer}")
 
     @property
@@ -111,6 +122,12 @@ class NatsQueueBinding(EpochBinding):
         if preferred != self._preferred:
             self._preferred = preferred
             self._wake.set()
+
+    def unpinned(self) -> None:
+        """The server says the queue lost its pin: a standby in the background looks now, a
+        waiting one looks for the deliveries the last owner left unacked."""
+        self._empty_pulls = ADVISED_EMPTY_PULLS
+        self._wake.set()
 
     def suspend(self, suspended: bool) -> None:
         if suspended:
@@ -198,6 +215,7 @@ class NatsQueueBinding(EpochBinding):
         self._running.set()
         self._abort_pull()
         await cancel_and_wait(self._task)
+        await self._drop_inbox()
         pin = self._pin if self._active else None
         if self._nc.is_connected:
             await self._ack_floor()
@@ -240,9 +258,9 @@ class NatsQueueBinding(EpochBinding):
                 return
             try:
                 self._wake.clear()
-                if await self._should_wait_in_background():
+                if (wait := await self._background_wait()) is not None:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self._timeout / 2)
+                        await asyncio.wait_for(self._wake.wait(), wait)
                     continue
                 await self._pull_once()
             except asyncio.CancelledError:
@@ -251,29 +269,51 @@ class NatsQueueBinding(EpochBinding):
                 log.warning("queue %d: pull failed: %s", self.queue, exc)
                 await asyncio.sleep(min(self._expires, 0.5))
 
-    async def _should_wait_in_background(self) -> bool:
-        """A non-preferred standby stays out of the way while the queue has a live owner or
-        another pull waits for it (its preferred client's, which must win the next pin).
+    async def _background_wait(self) -> float | None:
+        """How long a non-preferred standby stays out of the way before it looks again (None:
+        it pulls now): while the queue has a live owner, or another pull waits for it (its
+        preferred client's, which must win the next pin).
 
         Only preferred bindings keep a standby pull waiting at all times, so a released
         queue goes to its preferred client; the others pull once the broker has unpinned
         a silent owner and no pull waits, so the queue is still taken over when no
-        preferred client is left.
+        preferred client is left. An `advised` standby then waits for the server's UNPINNED
+        advisory (`unpinned`), or ADVISED_LOOK_TIMEOUTS, rather than asking every half
+        timeout: an idle standby costs the server nothing (a dynamic group's coordinator
+        makes another member preferred when a member goes; a static group's secondary takes
+        a queue whose primary died while nobody held its pin only after that long).
         """
         if not self._pinned or self._preferred or self._active:
-            return False
+            return None
         info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
         pinned = any(g.get("pinned_client_id") for g in info.get("priority_groups") or [])
-        return pinned or info.get("num_waiting", 0) > 0
+        if not pinned and info.get("num_waiting", 0) == 0:
+            return None
+        return self._timeout * (ADVISED_LOOK_TIMEOUTS if self._advised else 0.5)
+
+    async def _pull_inbox(self) -> str:
+        """The reply subject of this binding's pulls: one subscription kept across
+        pulls the server ended (an idle owner pulls every priority_timeout/3 per queue), and
+        dropped with any pull that may still be open at the server, whose late messages must
+        find no interest (aborted for a handover, superseded by a new pin, cut off)."""
+        if self._inbox is None:
+
+            async def on_message(msg: Msg) -> None:
+                self._on_message(msg)
+
+            self._inbox = await self._nc.subscribe(self._nc.new_inbox(), cb=on_message)
+        return self._inbox.subject
+
+    async def _drop_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            with contextlib.suppress(Exception):
+                await inbox.unsubscribe()
 
     async def _pull_once(self) -> None:
         pull = _Pull(remaining=PULL_BATCH, sent=time.monotonic())
         self._pull = pull
-
-        async def on_message(msg: Msg) -> None:
-            self._on_message(pull, msg)
-
-        pull.subscription = await self._nc.subscribe(self._nc.new_inbox(), cb=on_message)
+        reply = await self._pull_inbox()
         request: dict[str, object] = {"batch": PULL_BATCH, "expires": jsapi.nanos(self._expires)}
         if self._pinned:
             request["group"] = PRIORITY_GROUP
@@ -283,18 +323,27 @@ class NatsQueueBinding(EpochBinding):
             await self._nc.publish(
                 jsapi.next_subject(self._stream, self._consumer),
                 orjson.dumps(request),
-                reply=pull.subscription.subject,
+                reply=reply,
             )
-            if self._rewind_due and self.waiting:
+            if self._rewind_due and self.waiting and self._orphans_possible():
                 await self._rewind_orphans()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pull.done.wait(), self._expires * 1.5)
         finally:
-            with contextlib.suppress(Exception):
-                await pull.subscription.unsubscribe()
+            if not pull.ended:
+                await self._drop_inbox()
         self._rewind_due = pull.remaining == PULL_BATCH
+        self._empty_pulls = self._empty_pulls + 1 if self._rewind_due else 0
         if pull.takeover_pin is not None and self._running.is_set() and not self._closed:
             await self._take_over(pull.takeover_pin)
+
+    def _orphans_possible(self) -> bool:
+        """Whether a waiting standby's empty pull may hide orphaned deliveries: always, unless
+        UNPINNED advisories tell it when an owner let go (orphans appear only then)."""
+        if not self._advised or self._empty_pulls >= ADVISED_EMPTY_PULLS:
+            self._empty_pulls = ADVISED_EMPTY_PULLS  # the first empty pull looks for orphans
+            return True
+        return False
 
     async def _rewind_orphans(self) -> None:
         """Nobody owns the queue, yet deliveries wait unacked (an owner let go of messages it
@@ -324,7 +373,8 @@ class NatsQueueBinding(EpochBinding):
     async def _claim_epoch(self, pin: str) -> int:
         return await self._claim(pin) if self._claim is not None else 0
 
-    def _on_message(self, pull: _Pull, msg: Msg) -> None:
+    def _on_message(self, msg: Msg) -> None:
+        pull = self._pull
         self._last_pull = max(self._last_pull, pull.sent)  # the server heard this pull
         if pull.done.is_set():
             return
@@ -341,6 +391,7 @@ class NatsQueueBinding(EpochBinding):
                 return
         pull.remaining -= 1
         if pull.remaining <= 0:
+            pull.ended = True
             pull.done.set()
         if self._ack_all and not self._track(pull, msg.reply):
             return
@@ -374,6 +425,7 @@ class NatsQueueBinding(EpochBinding):
         if status == "100":
             return
         log.debug("queue %d: pull status %s %s", self.queue, status, description)
+        pull.ended = status in ("404", "408", "409")
         pull.done.set()
         if status == "423":
             self._lose(f"fenced by the broker: {description or 'pin id mismatch'}")

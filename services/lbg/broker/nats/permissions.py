@@ -9,7 +9,8 @@ The server holds the users (NATS has no API to create them), so this renders the
 - admin (cg-admin, the validator, `lbg` tools): everything.
 - publisher: publish the group's events `<HP>.>` and its summary, read the group config.
 - client (the group's CU): pull from, ack, unpin and reset the group's consumers only, write
-  its queues' owner records, publish validation and dead-letter records and heartbeats.
+  its queues' owner records, publish validation and dead-letter records and heartbeats, and
+  hear its consumers' UNPINNED advisories (an idle standby waits for one instead of asking).
 Each reads replies (JetStream API answers, publish acks, pulled messages) only on its own
 inbox prefix `_INBOX.<user>` (the adapter connects with it), never on another user's.
 The client may RESET its consumers because it needs to: on becoming pinned it rewinds the
@@ -30,6 +31,7 @@ from lbg.broker.nats.adapter import (
     SUBJECT_TOKEN,
     events_stream,
     inbox_prefix,
+    unpinned_subject,
 )
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
@@ -77,7 +79,8 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.DEAD.value}",
         control,
     ]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user), control]}}
+    subscribe = [replies(user), control, unpinned_subject(stream)]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 
 def authorization_block(

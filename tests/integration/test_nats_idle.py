@@ -1,0 +1,82 @@
+"""What an idle NATS queue costs the server: the owner's pulls reuse one reply inbox, and a
+non-preferred standby waits for the server's UNPINNED advisory instead of asking who owns the
+queue every second, yet still takes over a silent owner's queue once its pin lapses."""
+
+import asyncio
+import time
+import uuid
+
+import nats
+
+from lbg.broker import connect_broker
+from lbg.broker.nats.adapter import consumer_name, events_stream
+from lbg.model.group import GroupConfig
+from lbg.publisher import HashedPublisher
+from lbg.settings import BrokerSettings
+
+PRIORITY_TIMEOUT = 0.6
+IDLE_SECONDS = 6 * PRIORITY_TIMEOUT
+
+
+async def until(condition, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"{what} not within {timeout} s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def idle_queue(url: str) -> None:
+    group = f"idle{uuid.uuid4().hex[:6]}"
+    settings = BrokerSettings(url=url)
+    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
+    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
+    await admin.create_group(group, config)
+    owner_side = await connect_broker(settings, "owner", PRIORITY_TIMEOUT)
+    standby_side = await connect_broker(settings, "standby", PRIORITY_TIMEOUT)
+    monitor = await nats.connect(url)
+    api = f"{events_stream(group)}.{consumer_name(0)}"
+    pulls: list[str] = []
+    looks: list[str] = []
+    await monitor.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{api}", cb=_record(pulls))
+    await monitor.subscribe(f"$JS.API.CONSUMER.INFO.{api}", cb=_record(looks))
+    try:
+        owner = await owner_side.bind(group, config, 0, "owner", preferred=True)
+        publisher = HashedPublisher(admin, group, config, "pub")
+        await publisher.publish("k", b"{}")
+        assert await owner.ack(await asyncio.wait_for(owner.next(), 5))
+        standby = await standby_side.bind(group, config, 0, "standby", preferred=False)
+        await asyncio.sleep(PRIORITY_TIMEOUT)
+        pulls.clear()
+        looks.clear()
+        await asyncio.sleep(IDLE_SECONDS)
+        assert len(pulls) >= 3, "the owner keeps pulling while idle"
+        assert len(set(pulls)) == 1, f"one reply inbox for the idle pulls, got {len(set(pulls))}"
+        assert len(looks) <= 1, f"the idle standby asked who owns the queue {len(looks)} times"
+        assert not standby.active
+
+        owner.suspend(True)  # the owner goes silent: its pin lapses after the priority timeout
+        await publisher.publish("k", b"{}")
+        taken = await until(lambda: standby.active, 10, "the standby's takeover")
+        assert taken < 3 * PRIORITY_TIMEOUT, f"takeover after {taken:.2f} s"
+        await owner.close()
+        await standby.close()
+    finally:
+        await monitor.close()
+        for broker in (owner_side, standby_side):
+            await broker.close()
+        await admin.delete_group(group)
+        await admin.close()
+
+
+def _record(into: list[str]):
+    async def record(msg) -> None:
+        into.append(msg.reply)
+
+    return record
+
+
+def test_an_idle_owner_reuses_its_inbox_and_an_idle_standby_waits_for_the_unpin(
+    nats_url: str,
+) -> None:
+    asyncio.run(idle_queue(nats_url))
