@@ -102,3 +102,30 @@ def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
         assert second.active, "evicted a pin seen for half a lease only"
 
     asyncio.run(rounds())
+
+
+def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_two_leases() -> None:
+    clock = Clock()
+    looked: list[float] = []
+
+    class CountingSteering(BindingSteering):
+        async def pinned_by(self, queue: int) -> str | None:
+            looked.append(clock.now)
+            return await super().pinned_by(queue)
+
+    async def rounds() -> None:
+        reset_memory_brokers()
+        admin = await connect_broker(BrokerSettings(url=URL), "admin")
+        await admin.create_group("g", CONFIG)
+        broker, mine = await bind("me")
+        mine.suspend(True)  # it takes the queue no more: nobody holds it, as on an idle NATS
+        mine.state.unpin("test")
+        steering = CountingSteering({0: mine}, lambda q: None)
+        coordinator = Coordinator(broker, "g", "me", steering, interval=0.15, clock=clock)
+        await coordinator.join()
+        for _ in range(12):  # 1.8 s of rounds
+            clock.now += 0.15
+            await coordinator.tick()
+
+    asyncio.run(rounds())
+    assert 1 <= len(looked) <= 2, f"asked {len(looked)} times in 1.8 s"

@@ -48,6 +48,10 @@ from lbg.model.overrides import OverrideBook, assign_with_overrides
 log = logging.getLogger(__name__)
 
 JOIN_LISTEN_SECONDS = 0.1
+# A queue assigned here but held by nobody this member knows of is looked up at the broker
+# this many leases apart (at every round once an unknown pin is seen, or its owner is gone
+# or stalled), so an idle member does not ask the broker about every queue every round.
+LOOKUP_LEASES = 2.0
 
 
 class Coordinator:
@@ -83,6 +87,9 @@ class Coordinator:
         self.state = MemberState.ACTIVE
         self.desired: dict[int, str] = {}
         self._gone_pins: dict[str, float] = {}
+        self._gone_queues: dict[int, float] = {}
+        self._looked: dict[int, float] = {}
+        self._assigned: tuple[object, ...] | None = None
         self._unknown: dict[int, tuple[str, float]] = {}
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
@@ -174,10 +181,14 @@ class Coordinator:
         for heartbeat in self.view.expire() if current else []:
             log.info("member %s is gone (lease lapsed)", heartbeat.member)
             self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
+            self._gone_queues.update(dict.fromkeys(heartbeat.owns, now))
             self._drop_overrides(heartbeat.member, "gone")
         for override in self.overrides.drop_unknown(self._known, self.lease):
             log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
         self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
+        self._gone_queues = {
+            q: t for q, t in self._gone_queues.items() if now - t < 20 * self.lease
+        }
         self.rebalance()
         if current:
             await self._evict_gone_owners()
@@ -289,7 +300,10 @@ class Coordinator:
         """Recompute the assignment and steer the bindings towards it."""
         members = self._members()
         pinned = self.overrides.active(members)
-        self.desired = assign_with_overrides(self.queue_count, members, self._current(), pinned)
+        inputs = (self.queue_count, members, self._current(), pinned)
+        if inputs != self._assigned:  # the same inputs give the same assignment: skip it
+            self.desired = assign_with_overrides(*inputs)
+            self._assigned = inputs
         for queue, holding in self._steering.holdings().items():
             owner = self.desired.get(queue)
             self._steering.prefer(queue, owner == self.member)
@@ -310,18 +324,32 @@ class Coordinator:
         pin nobody claims only once it stayed unclaimed for a lease and its margin (its owner
         may have just taken the queue and been cut off before saying so: its own lease
         rests on a heartbeat sent no later than it saw the pin, so it has stopped by then).
+        The broker is asked at every round only about queues a gone or stalled member held
+        or an unknown pin holds; about the others every LOOKUP_LEASES (an unknown pin that
+        appears meanwhile waits that much longer, while the broker's own timeout runs too).
         """
         live = self.view.pins()
-        stalled = {
-            pin
-            for pin, member in live.items()
+        stalled_owners = [
+            hb
+            for member in {*live.values()}
             if (hb := self.view.heartbeat_of(member)) and hb.state is MemberState.STALLED
+        ]
+        stalled = {pin for hb in stalled_owners for pin in hb.owns.values()}
+        suspects = {
+            *self._gone_queues,
+            *self._unknown,
+            *(q for hb in stalled_owners for q in hb.owns),
         }
         now = self._clock()
         unknown: dict[int, tuple[str, float]] = {}
         for queue, holding in self._steering.holdings().items():
             if self.desired.get(queue) != self.member or holding.active:
                 continue
+            if queue not in suspects and now - self._looked.get(queue, -float("inf")) < (
+                LOOKUP_LEASES * self.lease
+            ):
+                continue
+            self._looked[queue] = now
             pin = await self._steering.pinned_by(queue)
             if pin is None or (pin in live and pin not in stalled):
                 continue
