@@ -2,6 +2,7 @@
 pinned to a client this member has not heard of, and this member stands by for it."""
 
 import asyncio
+import contextlib
 
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker
@@ -9,7 +10,9 @@ from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import BindingSteering
+from lbg.model.control import Heartbeat, decode_control, encode_sync
 from lbg.model.group import GroupConfig
+from lbg.model.messages import MalformedMessage
 from lbg.settings import BrokerSettings
 
 URL = "memory://coordinator"
@@ -129,3 +132,37 @@ def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_two_
 
     asyncio.run(rounds())
     assert 1 <= len(looked) <= 2, f"asked {len(looked)} times in 1.8 s"
+
+
+def test_heartbeats_carry_the_queues_only_when_they_change_or_someone_asks() -> None:
+    clock = Clock()
+    beats: list[Heartbeat] = []
+
+    def hear(body: bytes) -> None:
+        with contextlib.suppress(MalformedMessage):
+            if decode_control(body) is None and (hb := Heartbeat.decode(body)).member == "me":
+                beats.append(hb)
+
+    async def rounds() -> None:
+        reset_memory_brokers()
+        admin = await connect_broker(BrokerSettings(url=URL), "admin")
+        await admin.create_group("g", CONFIG)
+        broker, mine = await bind("me", preferred=True)
+        await admin.subscribe_control("g", hear)
+        coordinator = member(broker, mine, clock)
+        await coordinator.join()
+        for _ in range(4):
+            clock.now += 0.15
+            await coordinator.tick()
+        assert beats[0].full and beats[0].owns, "the first says what it serves"
+        assert not any(hb.full for hb in beats[1:]), "then only the digest"
+        await admin.publish_control("g", encode_sync("me"))  # someone missed it
+        clock.now += 0.15
+        await coordinator.tick()
+        assert beats[-1].full and beats[-1].owns == beats[0].owns
+        await mine.release(0)  # what it serves changes: the next one says so
+        clock.now += 0.15
+        await coordinator.tick()
+        assert beats[-1].full and beats[-1].digest != beats[0].digest
+
+    asyncio.run(rounds())

@@ -1,13 +1,14 @@
 """The membership view: leases, leaving, stalled members and owner claims."""
 
 import contextlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.client.membership import MembershipView
-from lbg.model.control import Heartbeat, MemberState
+from lbg.model.control import Heartbeat, MemberState, queues_digest
 from lbg.model.messages import MalformedMessage
 
 
@@ -98,3 +99,27 @@ def test_garbage_is_a_malformed_heartbeat_or_a_heartbeat(body: bytes) -> None:
 def test_wrong_state_is_rejected() -> None:
     with pytest.raises(MalformedMessage):
         Heartbeat.decode(b'{"m": "a", "st": "sleeping"}')
+
+
+@given(
+    st.dictionaries(st.integers(0, 999), st.text(max_size=8), max_size=5),
+    st.frozensets(st.integers(0, 999), max_size=5),
+    st.dictionaries(st.integers(0, 999), st.text(max_size=8), max_size=5),
+)
+def test_a_digest_only_heartbeat_is_filled_from_the_content_it_stands_for(owns, wants, other):
+    full = Heartbeat("a", MemberState.ACTIVE, owns, wants, digest=queues_digest(owns, wants))
+    short = Heartbeat.decode(replace(full, beat=7, full=False).encode())
+    assert not short.full and short.digest == full.digest
+    assert short.filled_from(full) == replace(full, beat=7)
+    assert not short.filled_from(None).full, "nothing to fill it from: ask for a sync"
+    stale = Heartbeat("a", MemberState.ACTIVE, other, digest=queues_digest(other, frozenset()))
+    if stale.digest != full.digest:
+        filled = short.filled_from(stale)
+        assert not filled.full and filled.owns == other, "the last known queues, until a sync"
+
+
+def test_a_heartbeat_stays_small_while_its_queues_do_not_change() -> None:
+    owns = {q: f"pin-{q:04d}-xxxxxxxxxxxxxxxx" for q in range(256)}
+    digest = queues_digest(owns, frozenset())
+    short = Heartbeat("a", MemberState.ACTIVE, owns, digest=digest, full=False).encode()
+    assert len(short) < 100 < len(Heartbeat("a", MemberState.ACTIVE, owns).encode())

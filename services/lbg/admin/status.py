@@ -215,8 +215,8 @@ class ControlListener:
             control = decode_control(body)
             if control is None:
                 heartbeat = Heartbeat.decode(body)
-                self.heartbeats.pop(heartbeat.member, None)
-                self.heartbeats[heartbeat.member] = heartbeat
+                before = self.heartbeats.pop(heartbeat.member, None)
+                self.heartbeats[heartbeat.member] = heartbeat.filled_from(before)
             elif isinstance(control, Move):
                 self.book.offer(control.override)
             elif isinstance(control, OverrideGossip):

@@ -38,8 +38,11 @@ from lbg.model.control import (
     Override,
     Probe,
     Resized,
+    Sync,
     decode_control,
     encode_gossip,
+    encode_sync,
+    queues_digest,
 )
 from lbg.model.lease import LeaseTerms, OwnLease
 from lbg.model.messages import MalformedMessage
@@ -96,6 +99,9 @@ class Coordinator:
         self._last_gossip = -float("inf")
         self._gossip_soon = False
         self._wake = asyncio.Event()
+        self._sent_digest: int | None = None
+        self._full_due = True
+        self._syncs: set[str] = set()
 
     @property
     def lease(self) -> float:
@@ -194,6 +200,7 @@ class Coordinator:
             await self._evict_gone_owners()
         await self._beat()
         await self._gossip()
+        await self._ask_syncs()
 
     def _lapse(self, reason: str) -> None:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
@@ -226,6 +233,7 @@ class Coordinator:
             return
         self._hear_generation(heartbeat.generation)
         before = self.view.heartbeat_of(heartbeat.member)
+        heartbeat = self._filled(heartbeat, before)
         self.view.observe(heartbeat)
         if before is None:
             self._gossip_soon = True
@@ -234,6 +242,18 @@ class Coordinator:
             self._drop_overrides(heartbeat.member, "leaving")
         if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
             self.rebalance()
+
+    def _filled(self, heartbeat: Heartbeat, before: Heartbeat | None) -> Heartbeat:
+        """The heartbeat with the member's queues; asks it for a sync if they are not known."""
+        filled = heartbeat.filled_from(before)
+        if not filled.full:
+            self._syncs.add(heartbeat.member)
+        return filled
+
+    async def _ask_syncs(self) -> None:
+        syncs, self._syncs = self._syncs, set()
+        for member in sorted(syncs):
+            await self._broker.publish_control(self._group, encode_sync(member))
 
     def _members(self) -> list[str]:
         members = set(self.view.members())
@@ -251,13 +271,19 @@ class Coordinator:
         return current
 
     def _answer_newcomer(self) -> None:
-        """Run the next round now, so a member that just joined learns the view at once."""
+        """Run the next round now, with this member's queues in full, so a member that just
+        joined learns the view at once."""
+        self._full_due = True
         self._wake.set()
 
     def _on_control(self, control: ControlMessage) -> None:
         """An operator's move, or another member's overrides: keep the newest per queue."""
         if isinstance(control, Probe):
             self._gossip_soon = True
+            self._full_due = True
+            return
+        if isinstance(control, Sync):
+            self._full_due = self._full_due or control.member == self.member
             return
         if isinstance(control, Resized):
             self._hear_generation(control.generation)
@@ -365,6 +391,11 @@ class Coordinator:
         holdings = self._steering.holdings()
         owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
         wants = frozenset(q for q, h in holdings.items() if h.waiting)
+        digest = queues_digest(owns, wants)
+        full = self._full_due or digest != self._sent_digest
+        self._full_due, self._sent_digest = False, digest
         beat = self.own_lease.sent()
-        heartbeat = Heartbeat(self.member, self.state, owns, wants, self.generation, beat)
+        heartbeat = Heartbeat(
+            self.member, self.state, owns, wants, self.generation, beat, digest, full
+        )
         await self._broker.publish_control(self._group, heartbeat.encode())

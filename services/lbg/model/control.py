@@ -14,14 +14,22 @@ Every member of a dynamic group publishes a `Heartbeat` on the group's control d
   the members repeat their overrides at once rather than within the second;
 - ``{"resized": generation}``, sent by `cg-admin resize` once a resizable group's new size is
   stored, so that the members read it at once (the heartbeats carry each member's generation
-  too, so one that missed this catches up from the others).
+  too, so one that missed this catches up from the others);
+- ``{"sync": member}``, sent by a member that heard `member`'s digest but does not hold the
+  content it stands for (it joined later, or missed a change): `member` then sends its
+  content with its next heartbeat.
+
+A heartbeat carries the member's queues (what it serves, what it stands ready for) only when
+they changed or someone asked (a newcomer, a sync, an operator's probe); otherwise only their
+digest, so the control channel's bytes do not grow with the queue count.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import orjson
@@ -32,6 +40,7 @@ MOVE = "move"
 OVERRIDES = "overrides"
 PROBE = "probe"
 RESIZED = "resized"
+SYNC = "sync"
 GOSSIP_SECONDS = 1.0
 MEMBER_CHARS = 200
 
@@ -49,7 +58,8 @@ class Heartbeat:
     """One member's word: its state, the queues it serves (with the broker's pin for each),
     the queues it is ready to take (a standby pull is waiting), the generation of the
     group's config it runs (a resizable group's size changes with it) and its number, by
-    which the member knows its own heartbeat when the broker relays it back."""
+    which the member knows its own heartbeat when the broker relays it back. `full` False:
+    it carries only `digest` of its queues, which the receiver fills in (`filled_from`)."""
 
     member: str
     state: MemberState
@@ -57,24 +67,39 @@ class Heartbeat:
     wants: frozenset[int] = frozenset()
     generation: int = 0
     beat: int = 0
+    digest: int = 0
+    full: bool = True
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "m": self.member,
-                "st": self.state.value,
-                "o": {str(q): pin for q, pin in self.owns.items()},
-                "w": sorted(self.wants),
-                "g": self.generation,
-                "n": self.beat,
-            }
-        )
+        body: dict[str, object] = {
+            "m": self.member,
+            "st": self.state.value,
+            "g": self.generation,
+            "n": self.beat,
+            "d": self.digest,
+        }
+        if self.full:
+            body["o"] = {str(q): pin for q, pin in self.owns.items()}
+            body["w"] = sorted(self.wants)
+        return orjson.dumps(body)
+
+    def filled_from(self, before: Heartbeat | None) -> Heartbeat:
+        """This heartbeat with its queues, from the member's previous one if this one carries
+        only their digest. If that one does not hold them, the queues last heard of (none if
+        never) with `full` still False: the receiver should ask for a sync."""
+        if self.full:
+            return self
+        if before is not None and before.full and before.digest == self.digest:
+            return replace(self, owns=before.owns, wants=before.wants, full=True)
+        last = before or self
+        return replace(self, owns=last.owns, wants=last.wants)
 
     @classmethod
     def decode(cls, body: bytes) -> Heartbeat:
         """Parse a heartbeat, raising MalformedMessage if it is not one."""
         try:
             obj = orjson.loads(body)
+            full = "d" not in obj or "o" in obj  # a sender without digests always says all
             return cls(
                 member=str(obj["m"]),
                 state=MemberState(obj["st"]),
@@ -82,9 +107,16 @@ class Heartbeat:
                 wants=frozenset(int(q) for q in obj.get("w", [])),
                 generation=parse_generation(obj.get("g", 0)),
                 beat=int(obj.get("n", 0)),
+                digest=int(obj.get("d", 0)),
+                full=full,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
+
+
+def queues_digest(owns: Mapping[int, str], wants: frozenset[int]) -> int:
+    """A short fingerprint of what a member serves and stands ready for."""
+    return zlib.crc32(orjson.dumps([sorted(owns.items()), sorted(wants)]))
 
 
 def parse_generation(value: object) -> int:
@@ -127,13 +159,20 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class Sync:
+    """Someone heard `member`'s digest without its content: `member` sends it next beat."""
+
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
 class Resized:
     """The group's config now has this generation (a new size): members read it now."""
 
     generation: int
 
 
-ControlMessage = Move | OverrideGossip | Probe | Resized
+ControlMessage = Move | OverrideGossip | Probe | Resized | Sync
 
 
 def encode_move(override: Override) -> bytes:
@@ -150,6 +189,10 @@ def encode_gossip(
 
 def encode_probe(sender: str) -> bytes:
     return orjson.dumps({PROBE: sender})
+
+
+def encode_sync(member: str) -> bytes:
+    return orjson.dumps({SYNC: member})
 
 
 def encode_resized(generation: int) -> bytes:
@@ -209,6 +252,10 @@ def decode_control(body: bytes) -> ControlMessage | None:
         if not isinstance(obj[PROBE], str):
             raise MalformedMessage("bad probe: expected its sender")
         return Probe(obj[PROBE])
+    if SYNC in obj:
+        if not isinstance(obj[SYNC], str):
+            raise MalformedMessage("bad sync: expected a member")
+        return Sync(obj[SYNC])
     if RESIZED in obj:
         try:
             return Resized(parse_generation(obj[RESIZED]))
