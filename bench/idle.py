@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -66,13 +67,23 @@ def parse_sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> lis
     return sizes
 
 
-def logged(deployment: LocalDeployment, names: list[str], text: str) -> bool:
-    """Every one of `names`' logs has `text` (with the name filled in for each)."""
+def logged(deployment: LocalDeployment, names: list[str], text: str, since: int = 0) -> bool:
+    """Every one of `names`' logs has `text` (with the name filled in for each), after its
+    first `since` bytes."""
     for name in names:
         path = deployment.daemons[name].log_path
-        if not path.exists() or text.format(name) not in path.read_text(errors="replace"):
+        if not path.exists():
             return False
+        with path.open("rb") as log:
+            log.seek(since)
+            if text.format(name) not in log.read().decode(errors="replace"):
+                return False
     return True
+
+
+def log_size(daemon: Daemon) -> int:
+    """How far `daemon`'s log has come (what it says from now on starts there)."""
+    return daemon.log_path.stat().st_size if daemon.log_path.exists() else 0
 
 
 async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon]) -> float:
@@ -125,6 +136,7 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float
             if broker_before is None or broker_after is None
             else round(100 * (broker_after - broker_before) / elapsed, 1),
             "control_bytes_per_s": round((control_bytes - bytes_before) / elapsed),
+            "load_1min": round(os.getloadavg()[0], 1),
         }
         joiner = deployment.start("joiner", "lbg-client", "--id", "joiner")
         result["join_s"] = round(
@@ -137,11 +149,13 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float
             2,
         )
         victim, witness = clients[0], clients[1:] or [joiner]
+        heard = log_size(witness[0])  # a lapse seen before the kill (a busy machine) is not it
         victim.send(signal.SIGKILL)
         victim.wait(5)
+        gone = GONE.replace("{}", victim.name)
         result["crash_s"] = round(
             await wait_until(
-                lambda: logged(deployment, [witness[0].name], GONE.replace("{}", victim.name)),
+                lambda: logged(deployment, [witness[0].name], gone, heard),
                 SETTLE_TIMEOUT,
                 f"{size.label}: the others saw the killed client gone",
                 [*witness, joiner],
@@ -180,6 +194,7 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
         ("control_bytes_per_s", "control channel, bytes/s"),
         ("join_s", "join: start -> joined, s"),
         ("crash_s", "kill -9 -> seen gone, s"),
+        ("load_1min", "machine load (1 min) at the window's end"),
     ):
         rows = []
         for index, size in enumerate(sizes):
