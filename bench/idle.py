@@ -175,10 +175,14 @@ async def scenario(run: BrokerRun, sizes: list[Size], window: float) -> dict[str
     """Every size on one broker."""
     broker = await run.connect("bench-idle")
     try:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for size in sizes:
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
-            rows.append(await measure_size(run, broker, size, window))
+            try:
+                rows.append(await measure_size(run, broker, size, window))
+            except (BenchError, BrokerError) as exc:  # the other sizes still count
+                print(f"[{run.kind}] {size.label} failed: {exc}", file=sys.stderr)
+                rows.append({"error": str(exc)})
         return {"sizes": rows}
     finally:
         await broker.close()

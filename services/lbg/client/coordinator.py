@@ -173,7 +173,8 @@ class Coordinator:
         log.warning("member %s is %s", self.member, state.value)
 
     async def tick(self) -> None:
-        """One round: self-check, expire lapsed members, rebalance, evict, heartbeat.
+        """One round: self-check, expire lapsed members, rebalance, heartbeat, evict (last,
+        so the broker lookups it may need never delay the heartbeat the lease rests on).
 
         Expiry and eviction wait while this member's own view is stale (its heartbeats have
         not come back lately): silence it has not heard through is no proof of anyone's death.
@@ -196,11 +197,11 @@ class Coordinator:
             q: t for q, t in self._gone_queues.items() if now - t < 20 * self.lease
         }
         self.rebalance()
-        if current:
-            await self._evict_gone_owners()
         await self._beat()
         await self._gossip()
         await self._ask_syncs()
+        if current:
+            await self._evict_gone_owners()
 
     def _lapse(self, reason: str) -> None:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
@@ -367,16 +368,20 @@ class Coordinator:
             *(q for hb in stalled_owners for q in hb.owns),
         }
         now = self._clock()
+        due = [
+            queue
+            for queue, holding in self._steering.holdings().items()
+            if self.desired.get(queue) == self.member
+            and not holding.active
+            and (
+                queue in suspects
+                or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * self.lease
+            )
+        ]
+        self._looked.update(dict.fromkeys(due, now))
+        pins = await asyncio.gather(*(self._steering.pinned_by(queue) for queue in due))
         unknown: dict[int, tuple[str, float]] = {}
-        for queue, holding in self._steering.holdings().items():
-            if self.desired.get(queue) != self.member or holding.active:
-                continue
-            if queue not in suspects and now - self._looked.get(queue, -float("inf")) < (
-                LOOKUP_LEASES * self.lease
-            ):
-                continue
-            self._looked[queue] = now
-            pin = await self._steering.pinned_by(queue)
+        for queue, pin in zip(due, pins, strict=True):
             if pin is None or (pin in live and pin not in stalled):
                 continue
             seen_pin, since = self._unknown.get(queue, (pin, now))
