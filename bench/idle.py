@@ -103,7 +103,9 @@ async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon
 async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float) -> dict:
     """Idle CPU and control bytes/s at one size, then a join and a crash."""
     name = f"idle-{uuid.uuid4().hex[:6]}"
-    config = GroupConfig(hash_prefix=name, hash_count=max(64, size.queues), queue_count=size.queues)
+    config = GroupConfig(  # small queues: no event flows, and NATS reserves QS x QC on disk
+        hash_prefix=name, hash_count=max(64, size.queues), queue_count=size.queues, queue_size_mb=8
+    )
     await broker.create_group(name, config)
     deployment = run.deployment(name)
     control_bytes = 0
