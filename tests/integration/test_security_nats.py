@@ -20,11 +20,12 @@ import pytest
 from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
-from lbg.broker.base import BrokerError, GroupNotFound, PublishError
+from lbg.broker.base import Broker, BrokerError, GroupNotFound, PublishError
 from lbg.broker.nats.adapter import CONFIG_BUCKET
 from lbg.devstack.deployment import LocalDeployment, script
 from lbg.devstack.embedded import EmbeddedNats, free_port
 from lbg.model.destinations import OutputKind, event_destination, output_destination
+from lbg.model.parking import parked
 from lbg.settings import PASSWORD_ENV, BrokerSettings
 
 PASSWORDS = {
@@ -222,6 +223,19 @@ def test_a_missing_ca_file_is_named_in_one_line(secure_nats: SecureNats, tmp_pat
     assert shown in result.stderr, result.stderr
 
 
+async def park_and_unpark(broker: Broker, group: str) -> str:
+    """Everything a member does with its group's parked keys: park, read, replay, unpark."""
+    lot = broker.parking(group)
+    await lot.put("k", parked("k", "probe", 1, "probe").to_json())
+    await lot.append("k", b"{}", {"Lbg-Seq": "1"})
+    [event] = await lot.events("k")
+    assert "k" in await lot.records()
+    await lot.trim("k", event.position)
+    await lot.delete("k")
+    assert await lot.events("k") == [] and await lot.records() == {}
+    return "ok"
+
+
 async def client_attempts(secure: SecureNats) -> dict[str, str]:
     """What the client user may do: its own queue, and then what it must not."""
     outcome: dict[str, str] = {}
@@ -232,6 +246,12 @@ async def client_attempts(secure: SecureNats) -> dict[str, str]:
         await binding.close()
         await broker.publish(output_destination(secure.group, OutputKind.VALIDATION), b"{}")
         outcome["own"] = "ok"
+        outcome["park"] = await park_and_unpark(broker, secure.group)
+        try:
+            await broker.parking(secure.other).put("k", parked("k", "probe", 1, "probe").to_json())
+            outcome["park other"] = "allowed"
+        except BrokerError as exc:
+            outcome["park other"] = str(exc)
         try:
             await broker.publish(event_destination(secure.group, 0, "k"), b"{}")
             outcome["publish event"] = "allowed"
@@ -256,7 +276,11 @@ def test_the_client_user_reaches_its_own_group_only(secure_nats: SecureNats) -> 
     outcome = asyncio.run(client_attempts(secure_nats))
     group, other = secure_nats.group, secure_nats.other
     assert outcome["own"] == "ok"
+    assert outcome["park"] == "ok"
     refused = "not permitted: the server refused this user publishing to"
+    assert outcome["park other"] == (
+        f"group '{other}': parked keys: {refused} '$JS.API.STREAM.INFO.KV_lbg_parked_{other}'"
+    )
     assert outcome["publish event"] == f"{refused} '{group}.0.k'"
     assert outcome["bind other"] == (
         f"group '{other}' queue 0: {refused} '$JS.API.CONSUMER.INFO.LBG_{other}.q0'"

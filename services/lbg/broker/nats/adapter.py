@@ -524,7 +524,7 @@ class NatsBroker(Broker):
         return subscription.unsubscribe
 
     def parking(self, group: str) -> ParkingLot:
-        return NatsParkingLot(self._js, self._streams, group)
+        return NatsParkingLot(self._js, self._streams, group, self._events.refusal)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         sub = await self._js.pull_subscribe(

@@ -11,7 +11,7 @@ Both are made by cg-admin with the group; the group's CU may use this group's an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
@@ -60,11 +60,22 @@ def lot_stream_config(group: str, replicas: int) -> StreamConfig:
 class NatsParkingLot(ParkingLot):
     """One group's registry and lot, through one connection."""
 
-    def __init__(self, js: JetStreamContext, publisher: StreamPublisher, group: str) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        publisher: StreamPublisher,
+        group: str,
+        refusal: Callable[[str], str | None],
+    ) -> None:
         self._js = js
         self._publisher = publisher
         self._group = group
+        self._refusal = refusal
         self._kv: KeyValue | None = None
+
+    def _failed(self, what: str, subject: str, exc: Exception) -> BrokerError:
+        """One line: what failed, and why (the server's refusal if it refused this user)."""
+        return BrokerError(f"{what}: {self._refusal(subject) or exc or type(exc).__name__}")
 
     async def _registry(self) -> KeyValue:
         if self._kv is None:
@@ -76,6 +87,9 @@ class NatsParkingLot(ParkingLot):
                     f"'{registry_bucket(self._group)}'): it was made before parking existed; "
                     "recreate it with cg-admin"
                 ) from None
+            except (JetStreamError, TimeoutError) as exc:
+                subject = f"$JS.API.STREAM.INFO.KV_{registry_bucket(self._group)}"
+                raise self._failed(f"group '{self._group}': parked keys", subject, exc) from None
         return self._kv
 
     async def records(self) -> dict[str, bytes]:
@@ -91,7 +105,10 @@ class NatsParkingLot(ParkingLot):
                     if entry.value:
                         found[key_of(name)] = entry.value
         except (JetStreamError, MalformedMessage, TimeoutError) as exc:
-            raise BrokerError(f"cannot read the parked keys of '{self._group}': {exc}") from None
+            subject = f"$JS.API.STREAM.INFO.KV_{bucket}"
+            raise self._failed(
+                f"cannot read the parked keys of '{self._group}'", subject, exc
+            ) from None
         return found
 
     async def put(self, key: str, record: bytes) -> None:
@@ -99,14 +116,16 @@ class NatsParkingLot(ParkingLot):
         try:
             await kv.put(token(key), record)
         except (JetStreamError, TimeoutError) as exc:
-            raise BrokerError(f"cannot park key {key[:80]!r}: {exc}") from None
+            subject = f"$KV.{registry_bucket(self._group)}.{token(key)}"
+            raise self._failed(f"cannot park key {key[:80]!r}", subject, exc) from None
 
     async def delete(self, key: str) -> None:
         kv = await self._registry()
         try:
             await kv.purge(token(key))
         except (JetStreamError, TimeoutError) as exc:
-            raise BrokerError(f"cannot unpark key {key[:80]!r}: {exc}") from None
+            subject = f"$KV.{registry_bucket(self._group)}.{token(key)}"
+            raise self._failed(f"cannot unpark key {key[:80]!r}", subject, exc) from None
 
     async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
         try:
@@ -114,7 +133,8 @@ class NatsParkingLot(ParkingLot):
         except NoStream:
             raise BrokerError(f"group '{self._group}' has no parking lot stream") from None
         except (TimeoutError, Rejected) as exc:
-            raise BrokerError(f"cannot park an event of {key[:80]!r}: {exc}") from None
+            subject = lot_subject(self._group, key)
+            raise self._failed(f"cannot park an event of {key[:80]!r}", subject, exc) from None
 
     async def events(self, key: str) -> list[ParkedEvent]:
         subject, found, seq = lot_subject(self._group, key), [], 1
@@ -126,7 +146,9 @@ class NatsParkingLot(ParkingLot):
             except NotFoundError:
                 return found
             except (JetStreamError, TimeoutError) as exc:
-                raise BrokerError(f"cannot read the parked events of {key[:80]!r}: {exc}") from None
+                subject = f"$JS.API.DIRECT.GET.{lot_stream(self._group)}"
+                what = f"cannot read the parked events of {key[:80]!r}"
+                raise self._failed(what, subject, exc) from None
             headers = {
                 name: value
                 for name, value in (msg.headers or {}).items()
@@ -141,4 +163,6 @@ class NatsParkingLot(ParkingLot):
                 lot_stream(self._group), seq=through + 1, subject=lot_subject(self._group, key)
             )
         except (JetStreamError, TimeoutError) as exc:
-            raise BrokerError(f"cannot trim the parked events of {key[:80]!r}: {exc}") from None
+            subject = f"$JS.API.STREAM.PURGE.{lot_stream(self._group)}"
+            what = f"cannot trim the parked events of {key[:80]!r}"
+            raise self._failed(what, subject, exc) from None
