@@ -112,8 +112,10 @@ class ParkingLot(abc.ABC):
     takes a queue over) and the lot (each parked key's events, durable, in order)."""
 
     @abc.abstractmethod
-    async def records(self) -> dict[str, bytes]:
-        """Every key's registry record (see model/parking.py), by key."""
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        """Every key's registry record (see model/parking.py), by key: with `current`, every
+        record confirmed before the call (a member taking a queue over); else possibly a
+        moment old (a member's periodic look, where a broker makes `current` cost a write)."""
 
     @abc.abstractmethod
     async def put(self, key: str, record: bytes) -> None:

@@ -66,15 +66,15 @@ class KeyParking:
         """How many keys are parked now (as far as this client knows)."""
         return sum(1 for record in self.records.values() if record.parked)
 
-    async def refresh(self) -> None:
+    async def refresh(self, current: bool = True) -> None:
         """Read the registry again (BrokerError if it cannot be read); a record this client
-        wrote meanwhile wins over what the read returned."""
+        wrote meanwhile wins over what the read returned. `current`: see ParkingLot.records."""
         if self._lot is None:
             return
         self._touched.clear()
         started = time.monotonic()
         fetched: dict[str, ParkedKey] = {}
-        for key, data in (await self._lot.records()).items():
+        for key, data in (await self._lot.records(current)).items():
             try:
                 fetched[key] = ParkedKey.from_json(data)
             except MalformedMessage as exc:
@@ -92,7 +92,7 @@ class KeyParking:
             return
         self._refreshed = time.monotonic()
         try:
-            await self.refresh()
+            await self.refresh(current=False)
         except BrokerError as exc:
             log.warning("cannot read the parked keys: %s", exc)
 

@@ -29,7 +29,7 @@ class MemoryParkingLot(ParkingLot):
         self._connection = connection
         self._state = state
 
-    async def records(self) -> dict[str, bytes]:
+    async def records(self, current: bool = True) -> dict[str, bytes]:
         self._connection.check()
         return dict(self._state.records)
 

@@ -92,7 +92,7 @@ class NatsParkingLot(ParkingLot):
                 raise self._failed(f"group '{self._group}': parked keys", subject, exc) from None
         return self._kv
 
-    async def records(self) -> dict[str, bytes]:
+    async def records(self, current: bool = True) -> dict[str, bytes]:
         kv = await self._registry()
         bucket = registry_bucket(self._group)
         try:
