@@ -17,10 +17,11 @@ import nats
 import nats.js.errors
 import orjson
 import pytest
+from tests.support.parking_probe import park_and_unpark
 from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
-from lbg.broker.base import Broker, BrokerError, GroupNotFound, PublishError
+from lbg.broker.base import BrokerError, GroupNotFound, PublishError
 from lbg.broker.nats.adapter import CONFIG_BUCKET
 from lbg.devstack.deployment import LocalDeployment, script
 from lbg.devstack.embedded import EmbeddedNats, free_port
@@ -221,19 +222,6 @@ def test_a_missing_ca_file_is_named_in_one_line(secure_nats: SecureNats, tmp_pat
     # A long value is shortened in the message: check the key and the path's beginning.
     shown = f'[broker] tls_ca_file: no such file "{str(tmp_path / "nope.pem")[:40]}'
     assert shown in result.stderr, result.stderr
-
-
-async def park_and_unpark(broker: Broker, group: str) -> str:
-    """Everything a member does with its group's parked keys: park, read, replay, unpark."""
-    lot = broker.parking(group)
-    await lot.put("k", parked("k", "probe", 1, "probe").to_json())
-    await lot.append("k", b"{}", {"Lbg-Seq": "1"})
-    [event] = await lot.events("k")
-    assert "k" in await lot.records()
-    await lot.trim("k", event.position)
-    await lot.delete("k")
-    assert await lot.events("k") == [] and await lot.records() == {}
-    return "ok"
 
 
 async def client_attempts(secure: SecureNats) -> dict[str, str]:
