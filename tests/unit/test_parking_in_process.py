@@ -16,8 +16,9 @@ from tests.unit.test_client_in_process import (
 
 from lbg.admin.parking import list_parked, unpark, wait_unparked
 from lbg.broker import connect_broker
-from lbg.broker.base import ParkedEvent
+from lbg.broker.base import Broker, BrokerError, ParkedEvent
 from lbg.broker.memory import memory_store
+from lbg.broker.memory.adapter import MemoryBroker
 from lbg.client.coordination import DynamicRole
 from lbg.handlers import Context
 from lbg.model.destinations import OutputKind
@@ -75,6 +76,15 @@ async def park_the_poison_key(group: PoisonGroup) -> None:
     assert group.handled()[POISON[0]] == 4, "no later event of the parked key was handled"
 
 
+async def three_members_park_the_poison_key(group: PoisonGroup) -> Broker:
+    """Three members park the poison key; an operator's connection."""
+    for name in ("a", "b", "c"):
+        await group.join(name)
+    await group.balanced()
+    await park_the_poison_key(group)
+    return await group.admin()
+
+
 def check_all_once_in_order(group: Group, skipped: set[tuple[str, int]] = frozenset()) -> None:
     handled = [(w.key, w.seq) for w in group.writes]
     assert len(handled) == len(set(handled)), "an event was handled twice"
@@ -87,11 +97,7 @@ def check_all_once_in_order(group: Group, skipped: set[tuple[str, int]] = frozen
 
 def test_a_key_failing_for_good_is_parked_listed_and_replayed_in_order() -> None:
     async def scenario(group: PoisonGroup) -> None:
-        for name in ("a", "b", "c"):
-            await group.join(name)
-        await group.balanced()
-        await park_the_poison_key(group)
-        admin = await group.admin()
+        admin = await three_members_park_the_poison_key(group)
         [listed] = await list_parked(admin, "g")
         assert (listed.key, listed.state, listed.events) == (POISON[0], PARKED, 6)
         assert "cannot apply this event" in listed.reason
@@ -168,14 +174,30 @@ def test_a_key_failing_again_during_its_replay_is_parked_again_with_nothing_lost
 
 def test_a_handler_hanging_on_one_event_parks_its_key_instead_of_stalling_the_group() -> None:
     async def scenario(group: PoisonGroup) -> None:
-        for name in ("a", "b", "c"):
-            await group.join(name)
-        await group.balanced()
-        await park_the_poison_key(group)
-        admin = await group.admin()
+        admin = await three_members_park_the_poison_key(group)
         [listed] = await list_parked(admin, "g")
         assert listed.stalls == 2 and "hung" in listed.reason
 
     group = PoisonGroup(role=replace(STEADY, stall_timeout=0.6), hang=True)
     run(scenario, group)
     assert group.attempts == 2, "hung on two members, then parked"
+
+
+def test_on_a_broker_without_a_parking_lot_a_failing_event_is_dead_lettered_as_before(
+    monkeypatch,
+) -> None:
+    def no_lot(self, group: str):
+        raise BrokerError(f"group '{group}': this broker keeps no parking lot")
+
+    monkeypatch.setattr(MemoryBroker, "parking", no_lot)
+
+    async def scenario(group: PoisonGroup) -> None:
+        await group.join("a")
+        await group.publish(10 * KEYS, keys=KEYS)
+        await until(lambda: group.handled() == group.published)
+
+    group = PoisonGroup()
+    run(scenario, group)
+    dead = [m for m in memory_store("inproc").outputs["g"] if m.kind is OutputKind.DEAD]
+    assert [m.headers["Lbg-Seq"] for m in dead] == ["5"]
+    check_all_once_in_order(group, skipped={POISON})
