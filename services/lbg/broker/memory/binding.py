@@ -37,10 +37,6 @@ class MemoryQueueBinding(EpochBinding):
         self._interrupted = False
 
     @property
-    def active(self) -> bool:
-        return self._active
-
-    @property
     def pin(self) -> str | None:
         return self._pin if self._active else None
 
