@@ -107,7 +107,7 @@ def test_autoscale_adds_clients_for_a_backlog_and_removes_them_after(
     assert publisher.returncode == 0, publisher.stderr
     autoscaler = subprocess.Popen(
         [script("lbg"), "autoscale", "--folder", str(stack.folder), "--min", "1", "--max", "3",
-         "--high", "50", "--low", "5", "--cooldown", "1", "--interval", "0.5"],
+         "--high", "50", "--low", "5", "--cooldown", "1", "--calm", "2", "--interval", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -128,3 +128,4 @@ def test_autoscale_adds_clients_for_a_backlog_and_removes_them_after(
     )  # fmt: skip
     assert peak > 1, f"the autoscaler never added a client:\n{log}"
     assert count == 1, f"the autoscaler did not scale back down:\n{log}"
+    assert "held back by the calm" in log, f"no hold before the scale-down in the log:\n{log}"
