@@ -1,11 +1,16 @@
 """The autoscaler's rule: fast up, slow down, within bounds, and no flapping."""
 
+import asyncio
 import itertools
 import math
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lbg.admin.autoscale import Autoscaler
+from lbg.broker import connect_broker
+from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.model.autoscale import (
     AutoscalePolicy,
     Lag,
@@ -16,6 +21,9 @@ from lbg.model.autoscale import (
     step,
     wanted,
 )
+from lbg.model.destinations import event_destination
+from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
 
 POLICY = AutoscalePolicy(
     minimum=1, maximum=4, high=100, low=10, high_age=5, low_age=1, cooldown=5, calm=10
@@ -138,3 +146,25 @@ def test_policies_without_a_gap_between_the_thresholds_are_refused() -> None:
 
 def test_the_running_count_seen_from_the_broker_is_the_distinct_owners() -> None:
     assert active_clients(["a", "b", "a", None]) == 2
+
+
+def test_reporting_only_the_count_told_stands_for_the_running_one(tmp_path: Path) -> None:
+    """On memory://, with nobody to scale: the cool-down applies to the count it reported."""
+
+    async def scenario() -> None:
+        reset_memory_brokers()
+        memory_store("autoscale")
+        broker = await connect_broker(BrokerSettings(url="memory://autoscale"), "scaler")
+        config = GroupConfig(hash_prefix="hp", hash_count=4, queue_count=4)
+        await broker.create_group("g", config)
+        for number in range(500):
+            await broker.publish(event_destination("hp", number % 4, f"k{number}"), b"{}")
+        desired = tmp_path / "desired"
+        scaler = Autoscaler(broker, "g", config, POLICY, desired_file=desired)
+        first = await scaler.poll()
+        assert (first.clients, desired.read_text()) == (4, "4\n"), "500 at 100 each, at most 4"
+        assert scaler.lag.backlog == 500 and scaler.lag.oldest_age >= 0
+        second = await scaler.poll()
+        assert (second.clients, second.held) == (4, None), "not 0 -> 4 again: 4 were asked for"
+
+    asyncio.run(scenario())

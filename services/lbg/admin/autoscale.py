@@ -75,8 +75,12 @@ class Autoscaler:
         return self.lag, running
 
     async def poll(self) -> Decision:
-        """Read the lag, decide, log what changed or what holds a change back, and act."""
-        lag, self.clients = await self.read_lag()
+        """Read the lag, decide, log what changed or what holds a change back, and act. When
+        only reporting, the count asked for last stands for the running one (the external
+        scaler gets there), so the cool-down and the calm apply to what it was told."""
+        lag, running = await self.read_lag()
+        reporting = self._scale is None and self.desired is not None
+        self.clients = self.desired if reporting and self.desired is not None else running
         self.state, decision = step(self.policy, self.state, self.clients, lag, time.monotonic())
         log.debug("autoscale: %d clients, %s", self.clients, decision.reason)
         if decision.held is not None:
