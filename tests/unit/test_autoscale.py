@@ -168,3 +168,27 @@ def test_reporting_only_the_count_told_stands_for_the_running_one(tmp_path: Path
         assert (second.clients, second.held) == (4, None), "not 0 -> 4 again: 4 were asked for"
 
     asyncio.run(scenario())
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=POLICY.low, max_value=POLICY.high),
+            st.floats(min_value=0, max_value=POLICY.high_age),
+            st.floats(min_value=0.1, max_value=3),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(min_value=1, max_value=4),
+)
+def test_a_lag_wandering_between_the_marks_never_changes_the_count(
+    polls: list[tuple[float, float, float]], clients: int
+) -> None:
+    """The hysteresis: between the low and the high marks nothing moves, however it wanders."""
+    state, now = ScalerState(), 0.0
+    for per_client, age, gap in polls:
+        now += gap
+        lag = Lag(math.ceil(per_client * clients), age)
+        state, decision = step(POLICY, state, clients, lag, now)
+        assert decision.clients == clients, (lag, decision)
