@@ -103,12 +103,13 @@ def locust_command(run: PeakRun, group: str) -> list[str]:
         sys.executable,
         "-m",
         "locust",
-        *("-f", str(LOCUSTFILE), "--headless", "--only-summary"),
+        *("-f", str(LOCUSTFILE), "--headless"),
         *("--csv", str(run.prefix), "--csv-full-history", "--json-file", str(run.prefix)),
         *("--broker-url", run.broker_url, "--group", group),
         *("--peak-users", str(run.peak_users), "--user-rate", str(run.user_rate)),
         *("--ramp-seconds", str(run.ramp_seconds), "--hold-seconds", str(run.hold_seconds)),
-        # INFO: Locust prints its start, its users and the final summary through logging.
+        # Into locust.log: its start, its users and its stats table every few seconds (with
+        # --json-file it prints no final summary: peak.json has the totals).
         *("--stop-timeout", "5", "--loglevel", "INFO"),
     ]
 

@@ -12,8 +12,9 @@ RUN_PEAK = Path(__file__).resolve().parents[2] / "loadtest" / "run_peak.py"
 def test_peak_scales_up_and_down_and_the_verdict_says_how_it_went(
     nats_url: str, tmp_path: Path
 ) -> None:
-    # 100 ms of work per event (a sleep in the client's few handler threads): one client
-    # manages about 60 events/s, so the peak's 100 events/s makes the autoscaler add clients.
+    # 300 ms of work per event (a sleep in the client's few handler threads): one client
+    # manages about 20 events/s, and low marks make the autoscaler add clients even when a
+    # busy machine lets Locust publish far below the nominal 100 events/s.
     out = tmp_path / "peak"
     result = subprocess.run(
         [
@@ -21,7 +22,8 @@ def test_peak_scales_up_and_down_and_the_verdict_says_how_it_went(
             str(RUN_PEAK),
             *("--broker-url", nats_url, "--out", str(out), "--json"),
             *("--users", "10", "--user-rate", "10", "--ramp", "4", "--hold", "7"),
-            *("--work-ms", "100", "--clients", "1", "--cooldown", "1", "--calm", "2"),
+            *("--work-ms", "300", "--clients", "1", "--cooldown", "1", "--calm", "2"),
+            *("--scale-high", "5", "--scale-low", "1", "--high-age", "0.5", "--low-age", "0.4"),
         ],
         capture_output=True,
         text=True,
@@ -32,7 +34,7 @@ def test_peak_scales_up_and_down_and_the_verdict_says_how_it_went(
     summary = orjson.loads(result.stdout.strip().splitlines()[-1])
     entries = orjson.loads((out / "peak.json").read_bytes())
     requests = sum(entry["num_requests"] for entry in entries)
-    assert requests > 100
+    assert requests > 50
     assert summary["locust"] == {"requests": requests, "failures": 0}
     assert {entry["name"] for entry in entries} >= {"order_created", "paid"}
     report = summary["report"]
