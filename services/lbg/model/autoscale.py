@@ -126,9 +126,9 @@ def step(
     if not policy.minimum <= clients <= policy.maximum:
         held = None
     elif target != clients and now - state.last_change < policy.cooldown:
-        held = f"cool-down, {policy.cooldown - (now - state.last_change):.1f} s left"
+        held = f"cool-down: {policy.cooldown - (now - state.last_change):.1f} s left"
     elif calm_since is not None and now - calm_since < policy.calm:
-        held = f"calm for {now - calm_since:.1f} of {policy.calm:g} s"
+        held = f"calm: {now - calm_since:.1f} of {policy.calm:g} s so far"
     else:
         held = None
     if held is not None:
