@@ -33,6 +33,7 @@ from lbg.broker.base import (
     PublishError,
     QueueStatus,
 )
+from lbg.broker.memory.parking import ParkedState
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig
 
@@ -210,6 +211,7 @@ class MemoryStore:
         self.groups: dict[str, GroupConfig] = {}
         self.queues: dict[str, list[QueueState]] = {}
         self.outputs: dict[str, list[OutputMessage]] = {}
+        self.parked: dict[str, ParkedState] = {}
         self.connections: list[Connection] = []
         self._readers: set[asyncio.Event] = set()
         self._seq = 0
@@ -256,6 +258,7 @@ class MemoryStore:
         self.groups[name] = config
         self.queues[name] = [QueueState(f"{name}.q{q}") for q in range(config.queue_count)]
         self.outputs[name] = []
+        self.parked[name] = ParkedState()
 
     def read_group(self, name: str) -> GroupConfig:
         """The group's config; GroupNotFound if there is none."""
@@ -266,7 +269,7 @@ class MemoryStore:
     def delete_group(self, name: str) -> None:
         """Forget the group's config, queues and outputs."""
         self.read_group(name)
-        del self.groups[name], self.queues[name], self.outputs[name]
+        del self.groups[name], self.queues[name], self.outputs[name], self.parked[name]
 
     def queue(self, group: str, queue: int) -> QueueState:
         """One queue of a group, checked to exist."""

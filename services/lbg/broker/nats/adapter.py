@@ -46,6 +46,7 @@ from lbg.broker.base import (
     GroupExists,
     GroupNotFound,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     QueueStatus,
@@ -55,6 +56,12 @@ from lbg.broker.base import (
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.parking import (
+    NatsParkingLot,
+    lot_stream,
+    lot_stream_config,
+    registry_bucket,
+)
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -333,6 +340,8 @@ class NatsBroker(Broker):
                     num_replicas=config.replicas,
                 ),
             )
+            await self._add_stream(created, lot_stream_config(name, config.replicas))
+            await self._bucket(registry_bucket(name), replicas=config.replicas)
             for queue in range(config.queue_count):
                 await jsapi.create_consumer(
                     self._nc,
@@ -394,9 +403,11 @@ class NatsBroker(Broker):
 
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
-        for stream in (events_stream(name), output_stream(name)):
+        streams = (events_stream(name), output_stream(name), lot_stream(name))
+        for stream in (*streams, f"KV_{registry_bucket(name)}"):
             with contextlib.suppress(NotFoundError):
                 await self._js.delete_stream(stream)
+        self._kv.pop(registry_bucket(name), None)
         owners = await self._bucket(OWNERS_BUCKET)
         with contextlib.suppress(NotFoundError, NoKeysError):
             for key in await owners.keys():
@@ -524,6 +535,9 @@ class NatsBroker(Broker):
 
         subscription = await self._nc.subscribe(control_subject(group), cb=deliver)
         return subscription.unsubscribe
+
+    def parking(self, group: str) -> ParkingLot:
+        return NatsParkingLot(self._js, self._streams, group, self._events.refusal)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         sub = await self._js.pull_subscribe(
