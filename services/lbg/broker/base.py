@@ -207,6 +207,13 @@ class EpochBinding(QueueBinding):
                 return delivery
         return None
 
+    def _hand_out(self, held: list[Delivery], owner_epoch: int) -> None:
+        """Buffer what was held back until its ownership was claimed, tagged with its epoch."""
+        for delivery in held:
+            delivery.owner_epoch = owner_epoch
+            self._buffer.put_nowait(delivery)
+        held.clear()
+
     def _new_epoch(self) -> None:
         """Forget what was delivered so far: it may no longer be processed or acked."""
         self._epoch += 1

@@ -331,7 +331,4 @@ class SolaceQueueBinding(EpochBinding):
         if self._stint != stint or self._epoch != epoch:
             return
         self._owner_epoch = owner_epoch
-        for delivery in self._held:
-            delivery.owner_epoch = owner_epoch
-            self._buffer.put_nowait(delivery)
-        self._held.clear()
+        self._hand_out(self._held, owner_epoch)
