@@ -52,6 +52,7 @@ from lbg.broker.base import (
     QueueStatus,
     StateListener,
     UndeliverableEvent,
+    needs_upgrade,
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import stored_at
@@ -401,6 +402,16 @@ class NatsBroker(Broker):
                 groups[name] = await self.read_group(name)
         return groups
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """The owners bucket, if missing (it is shared by every group); the client user's
+        rights on it come from the rendered permissions (permissions.py), to apply again."""
+        try:
+            await self._bucket(OWNERS_BUCKET, create=False)
+            return []
+        except BucketNotFoundError:
+            await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
+            return [f"KV bucket '{OWNERS_BUCKET}'"]
+
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
         streams = (events_stream(name), output_stream(name), lot_stream(name))
@@ -499,7 +510,10 @@ class NatsBroker(Broker):
             refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
             reason = refused or exc or "no answer"
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        owners = await self._bucket(OWNERS_BUCKET)
+        try:
+            owners = await self._bucket(OWNERS_BUCKET, create=False)
+        except BucketNotFoundError:
+            raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
