@@ -35,6 +35,15 @@ class GroupNotFound(BrokerError):
     """The group has no config in the broker's store."""
 
 
+def needs_upgrade(group: str, missing: str) -> BrokerError:
+    """The one-line refusal of a group made before ownership epochs: what it lacks and the
+    command that adds it."""
+    return BrokerError(
+        f"group '{group}' has no {missing} (made before ownership epochs):"
+        f" run `cg-admin upgrade {group}` once, with admin rights"
+    )
+
+
 class PublishError(BrokerError):
     """The broker did not confirm a publish: it must not count as sent."""
 
@@ -59,6 +68,10 @@ class QueueStatus:
     backlog: int
     in_flight: int
     active_client: str | None
+    # Seconds since the oldest unprocessed (waiting or unacked) event was stored; None where
+    # the broker cannot tell cheaply (RabbitMQ quorum queues, Solace): the autoscaler then
+    # estimates it from how long the backlog has not been cleared.
+    oldest_age: float | None = None
 
 
 @dataclass(slots=True)
@@ -260,6 +273,13 @@ class EpochBinding(QueueBinding):
                 return delivery
         return None
 
+    def _hand_out(self, held: list[Delivery], owner_epoch: int) -> None:
+        """Buffer what was held back until its ownership was claimed, tagged with its epoch."""
+        for delivery in held:
+            delivery.owner_epoch = owner_epoch
+            self._buffer.put_nowait(delivery)
+        held.clear()
+
     def _new_epoch(self) -> None:
         """Forget what was delivered so far: it may no longer be processed or acked (an
         interruption stays, so a worker waiting for it is still woken)."""
@@ -452,6 +472,12 @@ class Broker(abc.ABC):
         """Take back what grant_publisher gave `user` on this group."""
         raise BrokerError(self.publisher_users_hint)
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """Add what a group made by an older release lacks (the store of its queues'
+        ownership epochs, the client's rights on it) and name each thing added; idempotent.
+        Clients refuse a group without it with needs_upgrade()."""
+        return []
+
     async def resize_group(self, name: str, queue_count: int) -> Resize:
         """Give a running group `queue_count` queues, as its config's next generation (GN);
         only a `resizable` broker can."""
@@ -475,7 +501,7 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        """Backlog and active client of each queue of the group."""
+        """Backlog, age of the oldest unprocessed event and active client of each queue."""
 
     @abc.abstractmethod
     async def publish(

@@ -134,8 +134,14 @@ class Coordinator:
             self._wake.clear()
             if stop.is_set():
                 return
-            with contextlib.suppress(BrokerError, TimeoutError):
+            try:
                 await self.tick()
+            except (BrokerError, TimeoutError):
+                pass
+            except asyncio.CancelledError:
+                if _cancel_requested():
+                    raise
+                log.warning("member %s: a broker call was cancelled under it", self.member)
 
     async def leave(self) -> None:
         """Announce leaving: the others take this member's queues as it releases them."""
@@ -404,3 +410,10 @@ class Coordinator:
             self.member, self.state, owns, wants, self.generation, beat, digest, full
         )
         await self._broker.publish_control(self._group, heartbeat.encode())
+
+
+def _cancel_requested() -> bool:
+    """Whether this task was asked to stop, rather than a client library having cancelled one
+    of its own pending calls (aiormq does that to every call of a connection that closed)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

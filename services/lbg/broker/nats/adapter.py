@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
@@ -51,6 +52,7 @@ from lbg.broker.base import (
     QueueStatus,
     StateListener,
     UndeliverableEvent,
+    needs_upgrade,
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import stored_at
@@ -407,6 +409,16 @@ class NatsBroker(Broker):
                 groups[name] = await self.read_group(name)
         return groups
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """The owners bucket, if missing (it is shared by every group); the client user's
+        rights on it come from the rendered permissions (permissions.py), to apply again."""
+        try:
+            await self._bucket(OWNERS_BUCKET, create=False)
+            return []
+        except BucketNotFoundError:
+            await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
+            return [f"KV bucket '{OWNERS_BUCKET}'"]
+
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
         streams = (events_stream(name), output_stream(name), lot_stream(name))
@@ -429,14 +441,26 @@ class NatsBroker(Broker):
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
+            backlog, in_flight = (
+                int(info.get("num_pending", 0)),
+                int(info.get("num_ack_pending", 0)),
+            )
+            oldest = None
+            if backlog + in_flight:
+                floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                stored = await jsapi.first_stored_after(
+                    self._nc, events_stream(name), floor + 1, bucket_filters(config, queue)
+                )
+                oldest = None if stored is None else max(0.0, time.time() - stored)
             status.append(
                 QueueStatus(
                     queue=queue,
                     name=f"{name}/{consumer_name(queue)}",
                     buckets=config.buckets_for_queue(queue),
-                    backlog=int(info.get("num_pending", 0)),
-                    in_flight=int(info.get("num_ack_pending", 0)),
+                    backlog=backlog,
+                    in_flight=in_flight,
                     active_client=active,
+                    oldest_age=oldest,
                 )
             )
         return status
@@ -493,7 +517,10 @@ class NatsBroker(Broker):
             refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
             reason = refused or exc or "no answer"
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        owners = await self._bucket(OWNERS_BUCKET)
+        try:
+            owners = await self._bucket(OWNERS_BUCKET, create=False)
+        except BucketNotFoundError:
+            raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
