@@ -97,7 +97,7 @@ down: $(STAMP)  ## stop the local stack
 	$(BIN)/lbg local down
 
 test-compose: $(STAMP)  ## compose.yaml for real (profile nats) on a Docker daemon of its own, local stand-in images
-	bash compose/stand-ins/test-compose.sh
+	bash compose/stand-ins/test-compose.sh $(BIN)/python
 
 deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
 	$(BIN)/python -m pytest tests/deploy $(ARGS)

