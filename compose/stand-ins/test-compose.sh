@@ -76,8 +76,8 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'failed="interrupted (SIGINT)"; exit 130' INT
+trap 'failed="interrupted (SIGTERM)"; exit 143' TERM
 failed="the Docker daemon did not start"
 for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && break; sleep 0.5; done
 $DOCKER info >/dev/null
@@ -183,6 +183,7 @@ scenario() {
     [ "$($DOCKER inspect -f '{{.State.ExitCode}}' "$(docker-compose ps -q cg-admin)")" = 0 ] ||
         fail "$profile: cg-admin did not exit 0"
     say "$profile: broker healthy, cg-admin done, publisher, validator and a client ready"
+    failed="$profile: scenario"
 
     docker-compose up -d --scale lbg-client=4 --no-recreate
     wait_for ready lbg-client
