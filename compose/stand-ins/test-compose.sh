@@ -203,7 +203,8 @@ scenario() {
     say "$profile: publisher stopped (its summary sent)"
     # The clients drain the backlog: wait (up to 5 minutes, a loaded machine is slow) for the
     # validator's progress line to count nothing lost, then stop it for its final report.
-    for _ in $(seq 150); do
+    local drained=$((SECONDS + 300))
+    while ((SECONDS < drained)); do
         docker-compose logs --no-color --tail 40 validation-client | grep -q '"delivered .* lost 0 ' && break
         sleep 2
     done
