@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.adapters import ADAPTERS
 from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.model.group import GroupConfig
@@ -355,7 +355,9 @@ class LoopBinding(EpochBinding):
             try:
                 delay = await self._step()
             except asyncio.CancelledError:
-                raise
+                if cancel_requested():
+                    raise
+                delay = await self._failed(ConnectionError("a broker call was cancelled under it"))
             except Exception as exc:
                 delay = await self._failed(exc)
             if delay:

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.membership import MembershipView
 from lbg.client.steering import Steering
@@ -139,7 +140,7 @@ class Coordinator:
             except (BrokerError, TimeoutError):
                 pass
             except asyncio.CancelledError:
-                if _cancel_requested():
+                if cancel_requested():
                     raise
                 log.warning("member %s: a broker call was cancelled under it", self.member)
 
@@ -410,10 +411,3 @@ class Coordinator:
             self.member, self.state, owns, wants, self.generation, beat, digest, full
         )
         await self._broker.publish_control(self._group, heartbeat.encode())
-
-
-def _cancel_requested() -> bool:
-    """Whether this task was asked to stop, rather than a client library having cancelled one
-    of its own pending calls (aiormq does that to every call of a connection that closed)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0

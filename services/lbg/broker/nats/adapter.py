@@ -222,14 +222,30 @@ async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionL
         ) from None
     if wants_tls(settings) and not nc._server_info.get("tls_required"):
         # nats-py talks plain text to a server that does not require TLS, even for tls://.
-        events.closing = True
-        await nc.close()
-        raise BrokerError(
+        await _refuse(
+            nc,
+            events,
             f"{settings.shown_url}: the server does not require TLS, and TLS was asked for"
-            " (tls:// or a tls_* key): refusing to talk to it in plain text"
+            " (tls:// or a tls_* key): refusing to talk to it in plain text",
+        )
+    version = str(nc._server_info.get("version", ""))
+    if jsapi.server_too_old(version):
+        await _refuse(
+            nc,
+            events,
+            f"{settings.shown_url} runs nats-server {version}; sticky-lbg needs"
+            f" {'.'.join(map(str, jsapi.MIN_SERVER_VERSION))} or newer"
+            " (pinned_client priority groups, consumer reset)",
         )
     events.connected = True
     return nc
+
+
+async def _refuse(nc: Client, events: _ConnectionLog, reason: str) -> None:
+    """Close a connection the pattern cannot use, and say why."""
+    events.closing = True
+    await nc.close()
+    raise BrokerError(reason)
 
 
 def _explain(error: str) -> str:
