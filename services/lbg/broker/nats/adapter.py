@@ -64,6 +64,7 @@ from lbg.broker.nats.parking import (
     registry_bucket,
 )
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
+from lbg.broker.nats.unpins import UnpinWatch
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import event_digest
@@ -121,11 +122,6 @@ def inbox_prefix(user: str | None) -> str:
     `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
     Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
     return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
-
-
-def unpinned_subject(stream: str) -> str:
-    """Where the server announces that a consumer of `stream` lost its pin (timeout, UNPIN)."""
-    return f"$JS.EVENT.ADVISORY.CONSUMER.UNPINNED.{stream}.*"
 
 
 def consumer_name(queue: int) -> str:
@@ -270,8 +266,7 @@ class NatsBroker(Broker):
         self._streams = StreamPublisher(nc, PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
-        # Per events stream: consumer -> the binding its UNPINNED advisories wake.
-        self._unpin_watch: dict[str, dict[str, NatsQueueBinding]] = {}
+        self._unpins = UnpinWatch(nc)
 
     @classmethod
     async def connect(
@@ -559,24 +554,8 @@ class NatsBroker(Broker):
             advised=config.exclusive,
         )
         if config.exclusive:
-            (await self._unpins_of(stream))[consumer] = binding
+            await self._unpins.watch(stream, consumer, binding)
         return binding
-
-    async def _unpins_of(self, stream: str) -> dict[str, NatsQueueBinding]:
-        """The bindings woken by `stream`'s UNPINNED advisories (one subscription per stream):
-        a standby that lets the owner be waits for one instead of asking who owns the queue
-        every second, so idle standbys cost the server nothing."""
-        watched = self._unpin_watch.get(stream)
-        if watched is None:
-            watched = self._unpin_watch[stream] = {}
-
-            async def wake(msg: Msg) -> None:
-                binding = watched.get(msg.subject.rpartition(".")[2])
-                if binding is not None:
-                    binding.unpinned()
-
-            await self._nc.subscribe(unpinned_subject(stream), cb=wake)
-        return watched
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

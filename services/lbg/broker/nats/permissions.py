@@ -32,9 +32,9 @@ from lbg.broker.nats.adapter import (
     SUBJECT_TOKEN,
     events_stream,
     inbox_prefix,
-    unpinned_subject,
 )
 from lbg.broker.nats.parking import LOT_PREFIX, lot_stream, registry_bucket
+from lbg.broker.nats.unpins import unpinned_subject
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
