@@ -67,6 +67,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.broker.solace.connection import ConnectionWatch
+from lbg.broker.solace.parking import BROWSE_WAIT_MS, SolaceParkingLot, browse_batch
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -85,8 +86,6 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
 CONTROL_BUFFER = 10_000
-BROWSE_BATCH = 500
-BROWSE_WAIT_MS = 500
 ACTIVE_FLOW = "active-consumer"
 MAX_TOPIC_BYTES = 250
 # The queues' max-msg-size (Solace's default, which cg-admin leaves): a bigger message is
@@ -470,6 +469,11 @@ class SolaceBroker(Broker):
                 f"'{target}': event of {size} bytes (body and headers) exceeds the queues'"
                 f" max-msg-size of {MAX_MESSAGE_BYTES} bytes"
             )
+        await self._send(target, body, headers)
+
+    async def _send(self, target: str, body: bytes, headers: Mapping[str, str] | None) -> None:
+        """Publish persistently to a topic; PublishError unless the broker's receipt says
+        the message is persisted."""
         with self._receipts.expect(target) as (key, receipt):
             try:
                 message = outbound_message(self._service, body, headers)
@@ -552,17 +556,24 @@ class SolaceBroker(Broker):
 
         return unsubscribe
 
-    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
-        """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""
+    def parking(self, group: str) -> SolaceParkingLot:
+        """Published to `_lbgpark/<g>`, browsed from `lbg.<g>.parked` (see parking.py)."""
+        return SolaceParkingLot(group, self._browser, self._send, inbound, describe)
+
+    def _browser(self, name: str) -> Any:
+        """A queue browser of a provisioned non-exclusive queue (not started)."""
         if not hasattr(self._service, "create_message_queue_browser_builder"):
             raise BrokerError(
-                "reading outputs needs a solace-pubsubplus release with queue browsing"
+                "browsing queues needs a solace-pubsubplus release with queue browsing"
                 " (MessageQueueBrowser); upgrade solace-pubsubplus"
             )
+        builder = self._service.create_message_queue_browser_builder()
+        return builder.build(Queue.durable_non_exclusive_queue(name))
+
+    async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
+        """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""
         name = output_queue_name(group)
-        browser = self._service.create_message_queue_browser_builder().build(
-            Queue.durable_non_exclusive_queue(name)
-        )
+        browser = self._browser(name)
         try:
             await asyncio.to_thread(browser.start)
         except PubSubPlusClientError as exc:
@@ -570,7 +581,9 @@ class SolaceBroker(Broker):
         kinds = {kind.value: kind for kind in OutputKind}
         try:
             while True:
-                for message in await asyncio.to_thread(_browse, browser, name):
+                for message in await asyncio.to_thread(
+                    browse_batch, browser, name, BROWSE_WAIT_MS, describe
+                ):
                     received = inbound(message)
                     kind = kinds.get(received.subject.rsplit("/", 1)[-1])
                     if kind is not None:
@@ -580,24 +593,6 @@ class SolaceBroker(Broker):
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(browser.terminate, 0)
-
-
-def _browse(browser: Any, name: str) -> list[InboundMessage]:
-    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there. A
-    browser whose flow went down refuses to receive (IllegalStateError): a BrokerError."""
-    try:
-        first = browser.receive_message(BROWSE_WAIT_MS)
-        if first is None:
-            return []
-        batch = [first]
-        while len(batch) < BROWSE_BATCH:
-            message = browser.receive_message(0)
-            if message is None:
-                break
-            batch.append(message)
-    except PubSubPlusClientError as exc:
-        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
-    return batch
 
 
 async def connect(

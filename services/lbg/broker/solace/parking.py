@@ -1,0 +1,167 @@
+"""A group's parking lot on Solace: one durable non-exclusive queue, `lbg.<g>.parked`, owned by
+the group's CU and subscribed to `_lbgpark/<g>`, holds everything, append-only (records,
+parked events and trims, folded as broker/parkfold.py says). Nothing consumes it: every read
+browses it from its oldest message with a queue browser and folds what it sees, so an event's
+position is its place among the queue's messages. A read that must see every write confirmed
+before it (a member taking a queue over, an operator command) first publishes a sync marker
+and browses until it has passed it, then removes the marker with the browser (markers are not
+counted, so removing one moves no position); the periodic look browses what is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from solace.messaging.errors.pubsubplus_client_error import PubSubPlusClientError
+from solace.messaging.receiver.inbound_message import InboundMessage
+
+from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot
+from lbg.broker.parkfold import (
+    EVENT,
+    RECORD,
+    SYNC_HEADER,
+    THROUGH_HEADER,
+    TRIM,
+    ParkFold,
+    park_headers,
+)
+from lbg.broker.solace.binding import Inbound
+from lbg.broker.solace.provision import parked_queue_name, parked_topic
+
+SYNC_TIMEOUT = 10.0
+BROWSE_BATCH = 500
+BROWSE_WAIT_MS = 500
+
+# Publishes a body with the given headers to a topic, persisted before it returns.
+Send = Callable[[str, bytes, Mapping[str, str]], Awaitable[None]]
+# Text of one API error (adapter.describe).
+Describe = Callable[[BaseException], str]
+
+
+class Browser(Protocol):
+    """What a read needs of the API's MessageQueueBrowser."""
+
+    def start(self) -> Any: ...
+    def receive_message(self, timeout: int | None = None) -> Any: ...
+    def remove(self, message: Any) -> Any: ...
+    def terminate(self, grace_period: int = 0) -> Any: ...
+
+
+def browse_batch(browser: Browser, name: str, wait_ms: int, describe: Describe) -> list[Any]:
+    """Up to BROWSE_BATCH messages: wait up to `wait_ms` for the first, then take what is
+    there. A browser whose flow went down refuses to receive (IllegalStateError): a
+    BrokerError."""
+    try:
+        first = browser.receive_message(wait_ms)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < BROWSE_BATCH:
+            message = browser.receive_message(0)
+            if message is None:
+                break
+            batch.append(message)
+    except PubSubPlusClientError as exc:
+        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
+    return batch
+
+
+def fold_lot(
+    browser: Browser,
+    name: str,
+    sync: str | None,
+    convert: Callable[[Any], Inbound],
+    describe: Describe,
+) -> ParkFold:
+    """Browse the lot from its oldest message and fold it: to the end of what is there
+    (`sync` None), or until the marker `sync` (which is removed then). Blocking: run it in a
+    worker thread; the browser must be started and is not terminated here."""
+    fold = ParkFold()
+    position = 0
+    deadline = time.monotonic() + SYNC_TIMEOUT
+    while True:
+        batch = browse_batch(browser, name, BROWSE_WAIT_MS, describe)
+        if not batch and sync is None:
+            return fold
+        for message in batch:
+            received = convert(message)
+            marker = received.headers.get(SYNC_HEADER)
+            if marker is None:
+                position += 1
+                fold.apply(received.headers, received.body, position)
+            elif marker == sync:
+                with contextlib.suppress(PubSubPlusClientError):
+                    browser.remove(message)
+                return fold
+        if time.monotonic() > deadline:
+            raise BrokerError(f"parking queue '{name}' not read in time (no sync marker back)")
+
+
+class SolaceParkingLot(ParkingLot):
+    """One group's registry and lot: confirmed publishes to its topic, browsed reads."""
+
+    def __init__(
+        self,
+        group: str,
+        open_browser: Callable[[str], Browser],
+        send: Send,
+        convert: Callable[[InboundMessage], Inbound],
+        describe: Describe,
+    ) -> None:
+        self._group = group
+        self._name = parked_queue_name(group)
+        self._open_browser = open_browser
+        self._send_to = send
+        self._convert = convert
+        self._describe = describe
+
+    async def _fold(self, current: bool) -> ParkFold:
+        sync = uuid.uuid4().hex if current else None
+        if sync is not None:
+            await self._send_to(parked_topic(self._group), b"", {SYNC_HEADER: sync})
+        return await asyncio.to_thread(self._read, sync)
+
+    def _read(self, sync: str | None) -> ParkFold:
+        browser = self._open_browser(self._name)
+        try:
+            browser.start()
+        except PubSubPlusClientError as exc:
+            raise BrokerError(
+                f"group '{self._group}': cannot browse its parking queue '{self._name}' "
+                f"({self._describe(exc)}; a group made before parking existed: recreate it "
+                "with cg-admin)"
+            ) from None
+        try:
+            return fold_lot(browser, self._name, sync, self._convert, self._describe)
+        finally:
+            with contextlib.suppress(Exception):
+                browser.terminate(0)
+
+    async def _send(self, op: str, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        try:
+            await self._send_to(parked_topic(self._group), body, park_headers(op, key, headers))
+        except BrokerError as exc:
+            raise BrokerError(f"parking ({op}) of key {key[:80]!r}: {exc}") from None
+
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        return dict((await self._fold(current)).records)
+
+    async def put(self, key: str, record: bytes) -> None:
+        await self._send(RECORD, key, record, {})
+
+    async def delete(self, key: str) -> None:
+        await self._send(RECORD, key, b"", {})
+
+    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        await self._send(EVENT, key, body, headers)
+
+    async def events(self, key: str) -> list[ParkedEvent]:
+        return list((await self._fold(True)).lots.get(key, []))
+
+    async def trim(self, key: str, through: int) -> None:
+        await self._send(TRIM, key, b"", {THROUGH_HEADER: str(through)})
