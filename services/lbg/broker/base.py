@@ -59,6 +59,10 @@ class QueueStatus:
     backlog: int
     in_flight: int
     active_client: str | None
+    # Seconds since the oldest unprocessed (waiting or unacked) event was stored; None where
+    # the broker cannot tell cheaply (RabbitMQ quorum queues, Solace): the autoscaler then
+    # estimates it from how long the backlog has not been cleared.
+    oldest_age: float | None = None
 
 
 @dataclass(slots=True)
@@ -452,7 +456,7 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        """Backlog and active client of each queue of the group."""
+        """Backlog, age of the oldest unprocessed event and active client of each queue."""
 
     @abc.abstractmethod
     async def publish(

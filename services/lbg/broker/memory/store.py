@@ -66,13 +66,14 @@ class Puller(Protocol):
 
 @dataclass(slots=True)
 class StoredEvent:
-    """An event in a queue until acked, with how often it was handed out."""
+    """An event in a queue until acked, with how often it was handed out and when it came."""
 
     seq: int
     subject: str
     body: bytes
     headers: dict[str, str]
     deliveries: int = 0
+    stored_at: float = field(default_factory=time.time)
 
 
 class QueueState:
@@ -150,10 +151,13 @@ class QueueState:
             self.unpin("priority timeout")
 
     def status(self, queue: int, buckets: list[int]) -> QueueStatus:
-        """Backlog (not handed out yet), in flight (handed out, unacked) and the owner."""
+        """Backlog (not handed out yet), in flight (handed out, unacked), the owner and the
+        age of the oldest unacked event."""
         in_flight = len(self.pending) - len(self.cursor)
         client = self.owner.client if self.owner is not None else None
-        return QueueStatus(queue, self.name, buckets, len(self.cursor), in_flight, client)
+        oldest = next(iter(self.pending.values()), None)
+        age = None if oldest is None else time.time() - oldest.stored_at
+        return QueueStatus(queue, self.name, buckets, len(self.cursor), in_flight, client, age)
 
 
 @dataclass(eq=False)

@@ -288,9 +288,9 @@ class MessageDbBroker(Broker):
                 current = history[-1] if history else generations.Generation(0, 0, 1, None)
                 for queue in range(config.queue_count):
                     position = await generations.recorded(conn, config.hash_prefix, queue, current)
-                    backlog = await conn.fetchval(
-                        "SELECT count(*) FROM message_store.get_category_messages("
-                        "$1, $2, -1, NULL, $3, $4)",
+                    backlog, oldest = await conn.fetchrow(
+                        "SELECT count(*), extract(epoch FROM now() AT TIME ZONE 'utc' - min(time))"
+                        " FROM message_store.get_category_messages($1, $2, -1, NULL, $3, $4)",
                         category,
                         position + 1,
                         queue,
@@ -307,6 +307,7 @@ class MessageDbBroker(Broker):
                             backlog=int(backlog or 0),
                             in_flight=0,
                             active_client=_client_of(holder),
+                            oldest_age=None if oldest is None else max(0.0, float(oldest)),
                         )
                     )
         except DB_ERRORS as exc:

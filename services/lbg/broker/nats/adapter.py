@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
@@ -422,14 +423,26 @@ class NatsBroker(Broker):
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
+            backlog, in_flight = (
+                int(info.get("num_pending", 0)),
+                int(info.get("num_ack_pending", 0)),
+            )
+            oldest = None
+            if backlog + in_flight:
+                floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                stored = await jsapi.first_stored_after(
+                    self._nc, events_stream(name), floor + 1, bucket_filters(config, queue)
+                )
+                oldest = None if stored is None else max(0.0, time.time() - stored)
             status.append(
                 QueueStatus(
                     queue=queue,
                     name=f"{name}/{consumer_name(queue)}",
                     buckets=config.buckets_for_queue(queue),
-                    backlog=int(info.get("num_pending", 0)),
-                    in_flight=int(info.get("num_ack_pending", 0)),
+                    backlog=backlog,
+                    in_flight=in_flight,
                     active_client=active,
+                    oldest_age=oldest,
                 )
             )
         return status
