@@ -8,10 +8,11 @@ Each carries its key (base64url) in `Lbg-Park-Key`; a message of neither kind is
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lbg.broker.base import ParkedEvent
+from lbg.broker.base import ParkedEvent, ParkingLot
 from lbg.model.messages import MalformedMessage
 from lbg.model.parking import key_of, token
 
@@ -56,3 +57,33 @@ class ParkFold:
                 self.lots[key] = kept
             else:
                 self.lots.pop(key, None)
+
+
+class FoldedParkingLot(ParkingLot):
+    """A lot kept as such a sequence: every move is one message sent, every read a fold."""
+
+    @abc.abstractmethod
+    async def _send(self, op: str, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """Append one message of `op` for `key`, confirmed before it returns."""
+
+    @abc.abstractmethod
+    async def _fold(self, current: bool) -> ParkFold:
+        """The sequence folded: with `current`, past every message confirmed before the call."""
+
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        return dict((await self._fold(current)).records)
+
+    async def put(self, key: str, record: bytes) -> None:
+        await self._send(RECORD, key, record, {})
+
+    async def delete(self, key: str) -> None:
+        await self._send(RECORD, key, b"", {})
+
+    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        await self._send(EVENT, key, body, headers)
+
+    async def events(self, key: str) -> list[ParkedEvent]:
+        return list((await self._fold(True)).lots.get(key, []))
+
+    async def trim(self, key: str, through: int) -> None:
+        await self._send(TRIM, key, b"", {THROUGH_HEADER: str(through)})

@@ -18,16 +18,8 @@ from dataclasses import dataclass, field
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot
-from lbg.broker.parkfold import (
-    EVENT,
-    RECORD,
-    SYNC_HEADER,
-    THROUGH_HEADER,
-    TRIM,
-    ParkFold,
-    park_headers,
-)
+from lbg.broker.base import BrokerError
+from lbg.broker.parkfold import SYNC_HEADER, FoldedParkingLot, ParkFold, park_headers
 from lbg.broker.rabbitmq.topology import parked_routing_key, parked_stream_name
 
 SYNC_TIMEOUT = 10.0
@@ -52,7 +44,7 @@ class _Folded(ParkFold):
         self.apply(headers, message.body, int(headers.get("x-stream-offset", "0")))
 
 
-class RabbitParkingLot(ParkingLot):
+class RabbitParkingLot(FoldedParkingLot):
     """One group's registry and lot, through one connection's reader of its stream."""
 
     def __init__(
@@ -130,21 +122,5 @@ class RabbitParkingLot(ParkingLot):
             folded.syncs.pop(nonce, None)
         return folded
 
-    async def records(self, current: bool = True) -> dict[str, bytes]:
-        folded = await (self._current() if current else self._reader())
-        return dict(folded.records)
-
-    async def put(self, key: str, record: bytes) -> None:
-        await self._send(RECORD, key, record, {})
-
-    async def delete(self, key: str) -> None:
-        await self._send(RECORD, key, b"", {})
-
-    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
-        await self._send(EVENT, key, body, headers)
-
-    async def events(self, key: str) -> list[ParkedEvent]:
-        return list((await self._current()).lots.get(key, []))
-
-    async def trim(self, key: str, through: int) -> None:
-        await self._send(TRIM, key, b"", {THROUGH_HEADER: str(through)})
+    async def _fold(self, current: bool) -> ParkFold:
+        return await (self._current() if current else self._reader())

@@ -20,16 +20,8 @@ from typing import Any, Protocol
 from solace.messaging.errors.pubsubplus_client_error import PubSubPlusClientError
 from solace.messaging.receiver.inbound_message import InboundMessage
 
-from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot
-from lbg.broker.parkfold import (
-    EVENT,
-    RECORD,
-    SYNC_HEADER,
-    THROUGH_HEADER,
-    TRIM,
-    ParkFold,
-    park_headers,
-)
+from lbg.broker.base import BrokerError
+from lbg.broker.parkfold import SYNC_HEADER, FoldedParkingLot, ParkFold, park_headers
 from lbg.broker.solace.binding import Inbound
 from lbg.broker.solace.provision import parked_queue_name, parked_topic
 
@@ -102,7 +94,7 @@ def fold_lot(
             raise BrokerError(f"parking queue '{name}' not read in time (no sync marker back)")
 
 
-class SolaceParkingLot(ParkingLot):
+class SolaceParkingLot(FoldedParkingLot):
     """One group's registry and lot: confirmed publishes to its topic, browsed reads."""
 
     def __init__(
@@ -147,21 +139,3 @@ class SolaceParkingLot(ParkingLot):
             await self._send_to(parked_topic(self._group), body, park_headers(op, key, headers))
         except BrokerError as exc:
             raise BrokerError(f"parking ({op}) of key {key[:80]!r}: {exc}") from None
-
-    async def records(self, current: bool = True) -> dict[str, bytes]:
-        return dict((await self._fold(current)).records)
-
-    async def put(self, key: str, record: bytes) -> None:
-        await self._send(RECORD, key, record, {})
-
-    async def delete(self, key: str) -> None:
-        await self._send(RECORD, key, b"", {})
-
-    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
-        await self._send(EVENT, key, body, headers)
-
-    async def events(self, key: str) -> list[ParkedEvent]:
-        return list((await self._fold(True)).lots.get(key, []))
-
-    async def trim(self, key: str, through: int) -> None:
-        await self._send(TRIM, key, b"", {THROUGH_HEADER: str(through)})
