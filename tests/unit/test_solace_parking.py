@@ -15,6 +15,7 @@ from tests.unit.test_solace_adapter import SETTINGS, received
 from lbg.broker.base import BrokerError
 from lbg.broker.parkfold import SYNC_HEADER
 from lbg.broker.solace import adapter
+from lbg.broker.solace.browse import QueueMissing
 from lbg.broker.solace.parking import SolaceParkingLot
 
 
@@ -45,8 +46,6 @@ class ListBrowser:
         self.seen: list[Any] = []
         self.terminated = False
 
-    def start(self) -> None: ...
-
     def receive_message(self, timeout: int | None = None) -> Any:
         for message in self.queue.messages:
             if not any(message is s for s in self.seen):
@@ -62,7 +61,7 @@ class ListBrowser:
 
 
 def lot(queue: ListQueue) -> SolaceParkingLot:
-    return SolaceParkingLot("g1", queue.browser, queue.send, adapter.inbound, adapter.describe)
+    return SolaceParkingLot("g1", queue.browser, queue.send, adapter.inbound)
 
 
 def test_records_events_and_trims_fold_in_order_on_the_groups_topic() -> None:
@@ -115,14 +114,14 @@ def test_a_current_read_whose_marker_never_comes_back_fails_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("lbg.broker.solace.parking.SYNC_TIMEOUT", 0.0)
-    monkeypatch.setattr("lbg.broker.solace.parking.BROWSE_WAIT_MS", 0)
+    monkeypatch.setattr("lbg.broker.solace.browse.BROWSE_WAIT_MS", 0)
 
     async def scenario() -> None:
         queue = ListQueue()
 
         async def lost(topic: str, body: bytes, headers: Mapping[str, str]) -> None: ...
 
-        parking = SolaceParkingLot("g1", queue.browser, lost, adapter.inbound, adapter.describe)
+        parking = SolaceParkingLot("g1", queue.browser, lost, adapter.inbound)
         with pytest.raises(BrokerError, match=r"parking queue 'lbg\.g1\.parked' not read"):
             await parking.records()
 
@@ -130,12 +129,21 @@ def test_a_current_read_whose_marker_never_comes_back_fails_in_one_line(
 
 
 def test_the_broker_reaches_the_lot_through_the_api_and_names_a_missing_queue() -> None:
-    """On an unconnected service the API's own browser refuses to start, as it would for a
-    group made before parking existed: one line naming the queue and the fix."""
+    """On an unconnected service the API's own browser refuses to start; a queue the broker
+    does not know (a group made before parking existed) is named with the fix."""
 
     async def scenario() -> None:
         broker = adapter.SolaceBroker(adapter.build_service(SETTINGS, "v"), SETTINGS, "v")
-        with pytest.raises(BrokerError, match=r"'lbg\.g1\.parked' .*recreate it with cg-admin"):
+        with pytest.raises(BrokerError, match=r"cannot browse queue 'lbg\.g1\.parked'"):
             await broker.parking("g1").records(current=False)
+
+        def missing(name: str) -> ListBrowser:
+            raise QueueMissing(f"cannot browse queue '{name}': Unknown Queue")
+
+        parking = SolaceParkingLot("g1", missing, ListQueue().send, adapter.inbound)
+        with pytest.raises(
+            BrokerError, match=r"'g1' has no parking queue .*recreate it with cg-admin"
+        ):
+            await parking.records(current=False)
 
     asyncio.run(scenario())

@@ -28,8 +28,10 @@ import itertools
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
+import orjson
 from solace.messaging.config.receiver_activation_passivation_configuration import (
     ReceiverState,
     ReceiverStateChangeListener,
@@ -66,8 +68,10 @@ from lbg.broker.base import (
     UndeliverableKey,
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
+from lbg.broker.solace.browse import browse, describe, open_browser
+from lbg.broker.solace.claims import OwnerClaims
 from lbg.broker.solace.connection import ConnectionWatch
-from lbg.broker.solace.parking import BROWSE_WAIT_MS, SolaceParkingLot, browse_batch
+from lbg.broker.solace.parking import SolaceParkingLot
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -115,16 +119,6 @@ def topic_name(destination: Destination) -> str:
 def control_topic(group: str) -> str:
     """The group's membership heartbeats: `_lbgctl/<group>/members` (direct messages)."""
     return f"{CONTROL_PREFIX}/{group}/members"
-
-
-def describe(exc: BaseException) -> str:
-    """One line from an API error, whose text is often a dict of the C library's error info."""
-    detail = exc.args[0] if exc.args else None
-    if isinstance(detail, dict):
-        text = str(detail.get("error_info_contents") or detail.get("sub_code") or detail)
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())[:300]
 
 
 def queue_resource(name: str, exclusive: bool) -> Queue:
@@ -333,6 +327,9 @@ class SolaceBroker(Broker):
         self._publisher: Any = None
         self._direct: Any = None
         self._receivers: set[Any] = set()
+        self._claims = OwnerClaims(
+            lambda name: open_browser(self._service, name), browse, self._publish_claim
+        )
 
     @classmethod
     async def connect(
@@ -390,6 +387,7 @@ class SolaceBroker(Broker):
         return bool(self._service.is_connected)
 
     async def close(self) -> None:
+        await self._claims.close()
         for receiver in [self._publisher, self._direct, *self._receivers]:
             if receiver is not None:
                 with contextlib.suppress(Exception):
@@ -450,6 +448,9 @@ class SolaceBroker(Broker):
     async def list_groups(self) -> dict[str, GroupConfig]:
         return await self._admin().list_groups()
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        return await self._admin().upgrade_group(name, config)
+
     async def delete_group(self, name: str) -> None:
         await self._admin().delete_group(name)
 
@@ -469,11 +470,13 @@ class SolaceBroker(Broker):
                 f"'{target}': event of {size} bytes (body and headers) exceeds the queues'"
                 f" max-msg-size of {MAX_MESSAGE_BYTES} bytes"
             )
-        await self._send(target, body, headers)
+        await self._persist(target, body, headers)
 
-    async def _send(self, target: str, body: bytes, headers: Mapping[str, str] | None) -> None:
-        """Publish persistently to a topic; PublishError unless the broker's receipt says
-        the message is persisted."""
+    async def _publish_claim(self, topic: str, body: bytes, headers: dict[str, str]) -> None:
+        await self._persist(topic, body, headers)
+
+    async def _persist(self, target: str, body: bytes, headers: Mapping[str, str] | None) -> None:
+        """Publish to a topic and return once the broker's receipt says it is persisted."""
         with self._receipts.expect(target) as (key, receipt):
             try:
                 message = outbound_message(self._service, body, headers)
@@ -499,6 +502,13 @@ class SolaceBroker(Broker):
     ) -> QueueBinding:
         name = queue_name(group, queue)
         exclusive = config.exclusive
+        if exclusive:
+            await self._claims.prepare(group)
+
+        async def claim(pin: str) -> int:
+            record = orjson.dumps({"queue": queue, "client": client_id, "pin": pin})
+            return await self._claims.claim(group, queue, record)
+
         binding = SolaceQueueBinding(
             queue,
             lambda events: receiver_flow(self._service, name, exclusive, events),
@@ -507,6 +517,7 @@ class SolaceBroker(Broker):
             client_id=client_id,
             preferred=preferred,
             on_change=on_change,
+            claim=claim if exclusive else None,
         )
         try:
             await binding.start()
@@ -558,32 +569,16 @@ class SolaceBroker(Broker):
 
     def parking(self, group: str) -> SolaceParkingLot:
         """Published to `_lbgpark/<g>`, browsed from `lbg.<g>.parked` (see parking.py)."""
-        return SolaceParkingLot(group, self._browser, self._send, inbound, describe)
-
-    def _browser(self, name: str) -> Any:
-        """A queue browser of a provisioned non-exclusive queue (not started)."""
-        if not hasattr(self._service, "create_message_queue_browser_builder"):
-            raise BrokerError(
-                "browsing queues needs a solace-pubsubplus release with queue browsing"
-                " (MessageQueueBrowser); upgrade solace-pubsubplus"
-            )
-        builder = self._service.create_message_queue_browser_builder()
-        return builder.build(Queue.durable_non_exclusive_queue(name))
+        return SolaceParkingLot(group, partial(open_browser, self._service), self._persist, inbound)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""
         name = output_queue_name(group)
-        browser = self._browser(name)
-        try:
-            await asyncio.to_thread(browser.start)
-        except PubSubPlusClientError as exc:
-            raise BrokerError(f"cannot browse queue '{name}': {describe(exc)}") from None
+        browser = await asyncio.to_thread(open_browser, self._service, name)
         kinds = {kind.value: kind for kind in OutputKind}
         try:
             while True:
-                for message in await asyncio.to_thread(
-                    browse_batch, browser, name, BROWSE_WAIT_MS, describe
-                ):
+                for message in await asyncio.to_thread(browse, browser, name):
                     received = inbound(message)
                     kind = kinds.get(received.subject.rsplit("/", 1)[-1])
                     if kind is not None:

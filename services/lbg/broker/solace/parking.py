@@ -23,44 +23,21 @@ from solace.messaging.receiver.inbound_message import InboundMessage
 from lbg.broker.base import BrokerError
 from lbg.broker.parkfold import SYNC_HEADER, FoldedParkingLot, ParkFold, park_headers
 from lbg.broker.solace.binding import Inbound
+from lbg.broker.solace.browse import QueueMissing, browse
 from lbg.broker.solace.provision import parked_queue_name, parked_topic
 
 SYNC_TIMEOUT = 10.0
-BROWSE_BATCH = 500
-BROWSE_WAIT_MS = 500
 
 # Publishes a body with the given headers to a topic, persisted before it returns.
 Send = Callable[[str, bytes, Mapping[str, str]], Awaitable[None]]
-# Text of one API error (adapter.describe).
-Describe = Callable[[BaseException], str]
 
 
 class Browser(Protocol):
     """What a read needs of the API's MessageQueueBrowser."""
 
-    def start(self) -> Any: ...
     def receive_message(self, timeout: int | None = None) -> Any: ...
     def remove(self, message: Any) -> Any: ...
     def terminate(self, grace_period: int = 0) -> Any: ...
-
-
-def browse_batch(browser: Browser, name: str, wait_ms: int, describe: Describe) -> list[Any]:
-    """Up to BROWSE_BATCH messages: wait up to `wait_ms` for the first, then take what is
-    there. A browser whose flow went down refuses to receive (IllegalStateError): a
-    BrokerError."""
-    try:
-        first = browser.receive_message(wait_ms)
-        if first is None:
-            return []
-        batch = [first]
-        while len(batch) < BROWSE_BATCH:
-            message = browser.receive_message(0)
-            if message is None:
-                break
-            batch.append(message)
-    except PubSubPlusClientError as exc:
-        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
-    return batch
 
 
 def fold_lot(
@@ -68,16 +45,15 @@ def fold_lot(
     name: str,
     sync: str | None,
     convert: Callable[[Any], Inbound],
-    describe: Describe,
 ) -> ParkFold:
     """Browse the lot from its oldest message and fold it: to the end of what is there
     (`sync` None), or until the marker `sync` (which is removed then). Blocking: run it in a
-    worker thread; the browser must be started and is not terminated here."""
+    worker thread; the browser is started (browse.open_browser) and not terminated here."""
     fold = ParkFold()
     position = 0
     deadline = time.monotonic() + SYNC_TIMEOUT
     while True:
-        batch = browse_batch(browser, name, BROWSE_WAIT_MS, describe)
+        batch = browse(browser, name)
         if not batch and sync is None:
             return fold
         for message in batch:
@@ -103,14 +79,12 @@ class SolaceParkingLot(FoldedParkingLot):
         open_browser: Callable[[str], Browser],
         send: Send,
         convert: Callable[[InboundMessage], Inbound],
-        describe: Describe,
     ) -> None:
         self._group = group
         self._name = parked_queue_name(group)
         self._open_browser = open_browser
         self._send_to = send
         self._convert = convert
-        self._describe = describe
 
     async def _fold(self, current: bool) -> ParkFold:
         sync = uuid.uuid4().hex if current else None
@@ -119,17 +93,15 @@ class SolaceParkingLot(FoldedParkingLot):
         return await asyncio.to_thread(self._read, sync)
 
     def _read(self, sync: str | None) -> ParkFold:
-        browser = self._open_browser(self._name)
         try:
-            browser.start()
-        except PubSubPlusClientError as exc:
+            browser = self._open_browser(self._name)
+        except QueueMissing as exc:
             raise BrokerError(
-                f"group '{self._group}': cannot browse its parking queue '{self._name}' "
-                f"({self._describe(exc)}; a group made before parking existed: recreate it "
-                "with cg-admin)"
+                f"group '{self._group}' has no parking queue ({exc}; made before parking "
+                "existed: recreate it with cg-admin)"
             ) from None
         try:
-            return fold_lot(browser, self._name, sync, self._convert, self._describe)
+            return fold_lot(browser, self._name, sync, self._convert)
         finally:
             with contextlib.suppress(Exception):
                 browser.terminate(0)
