@@ -146,6 +146,16 @@ def test_upgrade_adds_the_claims_queue_to_an_old_group_once(
     assert run(admin.upgrade_group("g1", CONFIG)) == ["claims queue 'lbg.g1.owners'"]
     assert run(admin.upgrade_group("g1", CONFIG)) == []
     assert server.names(VPN, "queues", "lbg.g1.owners", "subscriptions") == ["_lbgctl/g1/owners/>"]
+    run(admin.semp.delete(admin.paths.queue("lbg.g1.parked")))  # as made before parking
+    exception = admin.paths.acl_exception("cu1", "publishTopicExceptions", "_lbgpark/g1")
+    run(admin.semp.delete(exception))
+    assert run(admin.upgrade_group("g1", CONFIG)) == [
+        "parking queue 'lbg.g1.parked'",
+        "'cu1' may publish to '_lbgpark/g1'",
+    ]
+    assert run(admin.upgrade_group("g1", CONFIG)) == []
+    assert server.names(VPN, "queues", "lbg.g1.parked", "subscriptions") == ["_lbgpark/g1"]
+    assert "smf,_lbgpark/g1" in server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions")
     run(admin.delete_group("g1"))
     assert server.names(VPN, "queues") == []
 

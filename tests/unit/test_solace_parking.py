@@ -142,7 +142,7 @@ def test_the_broker_reaches_the_lot_through_the_api_and_names_a_missing_queue() 
 
         parking = SolaceParkingLot("g1", missing, ListQueue().send, adapter.inbound)
         with pytest.raises(
-            BrokerError, match=r"'g1' has no parking queue .*recreate it with cg-admin"
+            BrokerError, match=r"'g1' has no parking queue .*run cg-admin upgrade g1"
         ):
             await parking.records(current=False)
 

@@ -98,7 +98,7 @@ class SolaceParkingLot(FoldedParkingLot):
         except QueueMissing as exc:
             raise BrokerError(
                 f"group '{self._group}' has no parking queue ({exc}; made before parking "
-                "existed: recreate it with cg-admin)"
+                f"existed: run cg-admin upgrade {self._group})"
             ) from None
         try:
             return fold_lot(browser, self._name, sync, self._convert)

@@ -292,22 +292,31 @@ class Provisioner:
             raise BrokerError(f"cannot delete group '{name}': {exc}") from None
 
     async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
-        """The claims queue of a group made before it, if missing."""
-        queue = owners_queue_name(name)
+        """What a group made before them lacks: its claims queue, its parking queue and the
+        CU's exception to publish to it (if lbg manages the CU); a failure undoes this run."""
+        queues = [
+            ("claims", self._owners_queue_body(name, config), claim_topics(name)),
+            ("parking", self._parked_queue_body(name, config), parked_topic(name)),
+        ]
+        user = config.client_username
+        topic = parked_topic(name)
+        path = self.paths.acl_exception(user, "publishTopicExceptions", topic)
+        added: list[str] = []
+        created: list[str] = []
         try:
-            if await self.semp.exists(self.paths.queue(queue)):
-                return []
-            created: list[str] = []
-            try:
-                await self._create_queue(
-                    created, self._owners_queue_body(name, config), [claim_topics(name)]
-                )
-            except SempError:
-                await self._undo(created)
-                raise
+            for what, body, subscription in queues:
+                if not await self.semp.exists(self.paths.queue(str(body["queueName"]))):
+                    await self._create_queue(created, body, [subscription])
+                    added.append(f"{what} queue '{body['queueName']}'")
+            if await self._manages(user) and not await self.semp.exists(path):
+                collection = self.paths.acl_exceptions(user, "publishTopicExceptions")
+                body = _exception_body("publishTopicExceptions", topic)
+                await self._add(created, collection, path, body)
+                added.append(f"'{user}' may publish to '{topic}'")
         except SempError as exc:
+            await self._undo(created)
             raise BrokerError(f"cannot upgrade group '{name}': {exc}") from None
-        return [f"claims queue '{queue}'"]
+        return added
 
     async def grant_publisher(
         self, group: str, config: GroupConfig, user: str, password: str | None
