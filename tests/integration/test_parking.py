@@ -27,7 +27,7 @@ from lbg.settings import BrokerSettings
 HANDLER = "tests.support.poison:handle"
 KEYS = [f"order-{i}" for i in range(12)]
 POISON = KEYS[3]
-PARKING_BROKERS = ("nats", "rabbitmq", "messagedb")
+PARKING_BROKERS = ("nats", "rabbitmq", "messagedb", "solace")
 
 
 @pytest.fixture

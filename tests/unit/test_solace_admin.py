@@ -42,7 +42,9 @@ def run(coroutine):
 def test_create_makes_the_original_objects(server: SempServer, admin: Provisioner) -> None:
     run(admin.create_group("g1", CONFIG, client_password="pw"))
     queues = [f"lbg.g1.q{n}" for n in range(4)]
-    assert server.names(VPN, "queues") == sorted([*queues, "lbg.g1.out", "lbg.g1.owners"])
+    assert server.names(VPN, "queues") == sorted(
+        [*queues, "lbg.g1.out", "lbg.g1.owners", "lbg.g1.parked"]
+    )
     for n, name in enumerate(queues):
         queue = server.object(VPN, "queues", name)
         assert queue["accessType"] == "exclusive"
@@ -60,6 +62,10 @@ def test_create_makes_the_original_objects(server: SempServer, admin: Provisione
     output = server.object(VPN, "queues", "lbg.g1.out")
     assert (output["accessType"], output["permission"]) == ("non-exclusive", "read-only")
     assert server.names(VPN, "queues", "lbg.g1.out", "subscriptions") == ["_lbg/g1/>"]
+    parked = server.object(VPN, "queues", "lbg.g1.parked")
+    assert (parked["accessType"], parked["permission"]) == ("non-exclusive", "no-access")
+    assert parked["owner"] == "cu1"
+    assert server.names(VPN, "queues", "lbg.g1.parked", "subscriptions") == ["_lbgpark/g1"]
     jndi = server.object(VPN, "jndiQueues", "lbg/g1")
     assert GroupConfig.from_json(jndi["physicalName"]) == CONFIG
     user = server.object(VPN, "clientUsernames", "cu1")
@@ -82,6 +88,7 @@ def test_acl_profile_lets_the_client_publish_only_its_outputs_and_heartbeats(
     assert server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions") == [
         "smf,_lbg/g1/>",
         "smf,_lbgctl/g1/>",
+        "smf,_lbgpark/g1",
     ]
     assert server.names(VPN, "aclProfiles", "cu1", "subscribeTopicExceptions") == [
         "smf,_lbgctl/g1/>"
@@ -139,6 +146,16 @@ def test_upgrade_adds_the_claims_queue_to_an_old_group_once(
     assert run(admin.upgrade_group("g1", CONFIG)) == ["claims queue 'lbg.g1.owners'"]
     assert run(admin.upgrade_group("g1", CONFIG)) == []
     assert server.names(VPN, "queues", "lbg.g1.owners", "subscriptions") == ["_lbgctl/g1/owners/>"]
+    run(admin.semp.delete(admin.paths.queue("lbg.g1.parked")))  # as made before parking
+    exception = admin.paths.acl_exception("cu1", "publishTopicExceptions", "_lbgpark/g1")
+    run(admin.semp.delete(exception))
+    assert run(admin.upgrade_group("g1", CONFIG)) == [
+        "parking queue 'lbg.g1.parked'",
+        "'cu1' may publish to '_lbgpark/g1'",
+    ]
+    assert run(admin.upgrade_group("g1", CONFIG)) == []
+    assert server.names(VPN, "queues", "lbg.g1.parked", "subscriptions") == ["_lbgpark/g1"]
+    assert "smf,_lbgpark/g1" in server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions")
     run(admin.delete_group("g1"))
     assert server.names(VPN, "queues") == []
 
@@ -151,7 +168,13 @@ def test_read_list_delete(server: SempServer, admin: Provisioner) -> None:
     assert run(admin.list_groups()) == {"g1": CONFIG, "g2": other}
     run(admin.delete_group("g1"))
     assert run(admin.list_groups()) == {"g2": other}
-    assert server.names(VPN, "queues") == ["lbg.g2.out", "lbg.g2.owners", "lbg.g2.q0", "lbg.g2.q1"]
+    assert server.names(VPN, "queues") == [
+        "lbg.g2.out",
+        "lbg.g2.owners",
+        "lbg.g2.parked",
+        "lbg.g2.q0",
+        "lbg.g2.q1",
+    ]
     assert server.names(VPN, "clientUsernames") == ["cu2"]
     assert server.names(VPN, "aclProfiles") == ["cu2"]
     assert server.names(VPN, "clientProfiles") == ["cu2"]
@@ -168,12 +191,20 @@ def test_a_shared_client_username_lives_as_long_as_its_last_group(
     run(admin.create_group("g1", CONFIG, client_password="pw"))
     run(admin.create_group("g2", second))
     exceptions = server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions")
-    assert exceptions == ["smf,_lbg/g1/>", "smf,_lbg/g2/>", "smf,_lbgctl/g1/>", "smf,_lbgctl/g2/>"]
+    assert exceptions == [
+        "smf,_lbg/g1/>",
+        "smf,_lbg/g2/>",
+        "smf,_lbgctl/g1/>",
+        "smf,_lbgctl/g2/>",
+        "smf,_lbgpark/g1",
+        "smf,_lbgpark/g2",
+    ]
     run(admin.delete_group("g1"))
     assert server.names(VPN, "clientUsernames") == ["cu1"]
     assert server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions") == [
         "smf,_lbg/g2/>",
         "smf,_lbgctl/g2/>",
+        "smf,_lbgpark/g2",
     ]
     run(admin.delete_group("g2"))
     assert server.names(VPN, "clientUsernames") == []

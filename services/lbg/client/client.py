@@ -465,7 +465,7 @@ class LbgClient:
                 return LOST
             token = object()
             started = self._busy[token] = time.monotonic()
-            timer = self._hangs.watch(event.key, self._park_after_stalls)
+            self._hangs.watch(event.key, self._park_after_stalls, started)
             try:
                 await self._handler(event, context)
                 self._handler_timer(context.queue).observe(time.monotonic() - started)
@@ -490,8 +490,7 @@ class LbgClient:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             finally:
                 del self._busy[token]
-                if timer is not None:
-                    timer.cancel()
+                self._hangs.done()
         return None
 
     async def _park(

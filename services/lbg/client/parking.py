@@ -200,25 +200,50 @@ class KeyParking:
 class HangWatch:
     """Poison by hang: counts, in the registry, each time a key's handler hangs past the stall
     timeout; at `limit` stalls it cancels the waiting task so the event is parked, instead of
-    the member stalling (and the key's queue moving on to stall the next member)."""
+    the member stalling (and the key's queue moving on to stall the next member). One sweep
+    every SWEEP of the timeout looks at the calls in flight (no timer per call: a timer set
+    and cancelled per event cost the hot path more than the rest of this watch)."""
+
+    SWEEP = 0.05
 
     def __init__(self, parking: KeyParking, stall_timeout: float | None) -> None:
         self._parking = parking
         self._timeout = stall_timeout
+        self._calls: dict[asyncio.Task[object], tuple[str, float, int]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._hung: dict[asyncio.Task[object], str] = {}
         self._notes: set[asyncio.Task[None]] = set()
 
-    def watch(self, key: str, limit: int) -> asyncio.TimerHandle | None:
-        """A timer for one handler call of the running task (cancel it when the call ends):
-        it counts a stall just before the stall timeout; a key that stalled `limit - 1` times
-        before is parked at half the timeout instead, before its member would stall."""
+    def watch(self, key: str, limit: int, started: float) -> None:
+        """Watch the running task's handler call of `key` (begun at monotonic `started`)
+        until `done`: a stall is counted just before the stall timeout; a key that stalled
+        `limit - 1` times before is parked at half the timeout instead, before its member
+        would stall."""
         if self._timeout is None or not self._parking.enabled:
-            return None
-        suspect = self._parking.suspects(key)
-        last = suspect is not None and suspect.stalls + 1 >= limit
-        delay = self._timeout * (0.5 if last else 0.9)
-        task = asyncio.current_task()
-        return asyncio.get_running_loop().call_later(delay, self._stalled, key, task, limit)
+            return
+        self._calls[asyncio.current_task()] = (key, started, limit)  # type: ignore[index]
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(self._timeout))
+
+    def done(self) -> None:
+        """The running task's handler call ended."""
+        self._calls.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+
+    async def _sweep(self, timeout: float) -> None:
+        """While calls are in flight: count a stall of each call past its delay, once."""
+        noted: set[tuple[asyncio.Task[object], float]] = set()
+        while self._calls:
+            await asyncio.sleep(timeout * self.SWEEP)
+            now = time.monotonic()
+            for task, (key, started, limit) in list(self._calls.items()):
+                suspect = self._parking.suspects(key)
+                last = suspect is not None and suspect.stalls + 1 >= limit
+                if now - started >= timeout * (0.5 if last else 0.85) and (
+                    (task, started) not in noted
+                ):
+                    noted.add((task, started))
+                    self._stalled(key, task, limit)
+            noted = {(t, at) for t, at in noted if t in self._calls and self._calls[t][1] == at}
 
     def hung(self) -> str | None:
         """Why the running task was cancelled, if this watch cancelled it (None: it did not,

@@ -1,12 +1,10 @@
 """A group's parking lot on RabbitMQ: one stream, `lbg.<g>.parked`, bound to the group's
-exchange under `_lbgpark.<g>`, holds everything, append-only:
-- a registry record of a key (`Lbg-Park-Op: record`; an empty body deletes it: last value wins),
-- a parked event (`event`; its stream offset is its position in the lot),
-- a trim of a key's events up to a position (`trim`).
-Each carries its key (base64url) in `Lbg-Park-Key`. One reader per group folds the stream into
-the current registry and lots. A read that must see every write confirmed before it (a member
-taking a queue over, an operator command) first publishes a sync marker and waits until the
-reader has passed it; the periodic look of a member reads what the reader has.
+exchange under `_lbgpark.<g>`, holds everything, append-only (records, parked events and trims,
+folded as broker/parkfold.py says; a stream offset is an event's position in the lot). One
+reader per group folds the stream into the current registry and lots. A read that must see
+every write confirmed before it (a member taking a queue over, an operator command) first
+publishes a sync marker and waits until the reader has passed it; the periodic look of a
+member reads what the reader has.
 """
 
 from __future__ import annotations
@@ -20,15 +18,10 @@ from dataclasses import dataclass, field
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot
+from lbg.broker.base import BrokerError
+from lbg.broker.parkfold import SYNC_HEADER, FoldedParkingLot, ParkFold, park_headers
 from lbg.broker.rabbitmq.topology import parked_routing_key, parked_stream_name
-from lbg.model.messages import MalformedMessage
-from lbg.model.parking import key_of, token
 
-OP_HEADER = "Lbg-Park-Op"
-KEY_HEADER = "Lbg-Park-Key"
-THROUGH_HEADER = "Lbg-Park-Through"
-SYNC_HEADER = "Lbg-Park-Sync"
 SYNC_TIMEOUT = 10.0
 READER_PREFETCH = 1000
 
@@ -38,42 +31,20 @@ Publish = Callable[[str, str, bytes, dict[str, str]], Awaitable[None]]
 
 
 @dataclass
-class _Folded:
-    """The stream read so far: the registry and every key's lot, and syncs waited for."""
+class _Folded(ParkFold):
+    """The stream read so far, and the syncs waited for."""
 
-    records: dict[str, bytes] = field(default_factory=dict)
-    lots: dict[str, list[ParkedEvent]] = field(default_factory=dict)
     syncs: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
-    def apply(self, message: AbstractIncomingMessage) -> None:
+    def take(self, message: AbstractIncomingMessage) -> None:
         headers = {name: str(value) for name, value in (message.headers or {}).items()}
         sync = self.syncs.get(headers.get(SYNC_HEADER, ""))
         if sync is not None and not sync.done():
             sync.set_result(None)
-        op = headers.get(OP_HEADER)
-        try:
-            key = key_of(headers.get(KEY_HEADER, ""))
-        except MalformedMessage:
-            return
-        if op == "record":
-            if message.body:
-                self.records[key] = message.body
-            else:
-                self.records.pop(key, None)
-        elif op == "event":
-            position = int(headers["x-stream-offset"])
-            own = {n: v for n, v in headers.items() if not n.startswith(("Lbg-Park-", "x-"))}
-            self.lots.setdefault(key, []).append(ParkedEvent(message.body, own, position))
-        elif op == "trim":
-            through = int(headers.get(THROUGH_HEADER, "0"))
-            kept = [e for e in self.lots.get(key, []) if e.position > through]
-            if kept:
-                self.lots[key] = kept
-            else:
-                self.lots.pop(key, None)
+        self.apply(headers, message.body, int(headers.get("x-stream-offset", "0")))
 
 
-class RabbitParkingLot(ParkingLot):
+class RabbitParkingLot(FoldedParkingLot):
     """One group's registry and lot, through one connection's reader of its stream."""
 
     def __init__(
@@ -102,7 +73,7 @@ class RabbitParkingLot(ParkingLot):
             channel = self._channel = await self._open_channel()
 
             async def on_message(message: AbstractIncomingMessage) -> None:
-                folded.apply(message)
+                folded.take(message)
                 if not channel.is_closed:
                     await message.ack()
 
@@ -128,7 +99,7 @@ class RabbitParkingLot(ParkingLot):
                 self._exchange,
                 parked_routing_key(self._group),
                 body,
-                {**headers, OP_HEADER: op, KEY_HEADER: token(key)},
+                park_headers(op, key, headers),
             )
         except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
             reason = exc or "no confirm"
@@ -151,21 +122,5 @@ class RabbitParkingLot(ParkingLot):
             folded.syncs.pop(nonce, None)
         return folded
 
-    async def records(self, current: bool = True) -> dict[str, bytes]:
-        folded = await (self._current() if current else self._reader())
-        return dict(folded.records)
-
-    async def put(self, key: str, record: bytes) -> None:
-        await self._send("record", key, record, {})
-
-    async def delete(self, key: str) -> None:
-        await self._send("record", key, b"", {})
-
-    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
-        await self._send("event", key, body, headers)
-
-    async def events(self, key: str) -> list[ParkedEvent]:
-        return list((await self._current()).lots.get(key, []))
-
-    async def trim(self, key: str, through: int) -> None:
-        await self._send("trim", key, b"", {THROUGH_HEADER: str(through)})
+    async def _fold(self, current: bool) -> ParkFold:
+        return await (self._current() if current else self._reader())

@@ -28,6 +28,7 @@ import itertools
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
@@ -70,6 +71,7 @@ from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
 from lbg.broker.solace.browse import browse, describe, open_browser
 from lbg.broker.solace.claims import OwnerClaims
 from lbg.broker.solace.connection import ConnectionWatch
+from lbg.broker.solace.parking import SolaceParkingLot
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
     Paths,
@@ -564,6 +566,10 @@ class SolaceBroker(Broker):
             await asyncio.to_thread(receiver.terminate, 0)
 
         return unsubscribe
+
+    def parking(self, group: str) -> SolaceParkingLot:
+        """Published to `_lbgpark/<g>`, browsed from `lbg.<g>.parked` (see parking.py)."""
+        return SolaceParkingLot(group, partial(open_browser, self._service), self._persist, inbound)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""

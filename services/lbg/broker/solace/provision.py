@@ -11,14 +11,17 @@ Objects of group `<g>` in the Message VPN (names chosen here, documented for ope
   for others, subscribed to `_lbgctl/<g>/owners/>`; claims expire after CLAIM_TTL_SECONDS.
   The CU publishes them under the `_lbgctl/<g>/>` exception it has for heartbeats, so it
   may claim for its own groups only. `cg-admin upgrade` adds it to a group made before it.
+- `lbg.<g>.parked`: the parking lot (broker/solace/parking.py), non-exclusive and `no-access`
+  for others, subscribed to `_lbgpark/<g>`: the CU publishes to it and browses it.
 - JNDI queue object `lbg/<g>`: its physicalName is the group JSON (at most 200 characters).
   It is the group's record: created last and deleted last, so `list` (every JNDI queue named
   `lbg/...`) only shows complete groups and a half-deleted group can be deleted again.
 - Client username CU, with a client profile and an ACL profile both named CU: connect
   allowed, publish and subscribe denied except, per group it serves, publishing to
-  `_lbg/<g>/>` (outputs) and `_lbgctl/<g>/>` and subscribing to `_lbgctl/<g>/>` (membership
-  heartbeats). Queue access comes from queue ownership, not from the ACL. One CU may serve
-  several groups; it is created with the first of them and deleted with the last.
+  `_lbg/<g>/>` (outputs), `_lbgpark/<g>` (its parking lot) and `_lbgctl/<g>/>` and
+  subscribing to `_lbgctl/<g>/>` (membership heartbeats). Queue access comes from queue
+  ownership, not from the ACL. One CU may serve several groups; it is created with the first
+  of them and deleted with the last.
 - A publisher username (`cg-admin grant-publisher`), with client and ACL profiles named
   after it the same way: connect allowed, subscribe denied, publish denied except `<HP>/>`
   and `_lbg/<g>/summary` per group it publishes to; deleted with its last group.
@@ -40,6 +43,7 @@ from lbg.model.group import GroupConfig, GroupConfigError, validate_group_name
 log = logging.getLogger(__name__)
 
 CONTROL_PREFIX = "_lbgctl"
+PARK_PREFIX = "_lbgpark"
 JNDI_PREFIX = "lbg/"
 PHYSICAL_NAME_MAX = 200
 OUTPUT_SPOOL_MB = 1024
@@ -54,6 +58,15 @@ def queue_name(group: str, queue: int) -> str:
 
 def output_queue_name(group: str) -> str:
     return f"lbg.{group}.out"
+
+
+def parked_queue_name(group: str) -> str:
+    return f"lbg.{group}.parked"
+
+
+def parked_topic(group: str) -> str:
+    """The topic every message of the group's parking lot is published on: `_lbgpark/<g>`."""
+    return f"{PARK_PREFIX}/{group}"
 
 
 def owners_queue_name(group: str) -> str:
@@ -94,6 +107,7 @@ def acl_exceptions(group: str) -> list[tuple[str, str]]:
         ("publishTopicExceptions", output_topics(group)),
         ("publishTopicExceptions", control_topics(group)),
         ("subscribeTopicExceptions", control_topics(group)),
+        ("publishTopicExceptions", parked_topic(group)),
     ]
 
 
@@ -235,6 +249,9 @@ class Provisioner:
             await self._create_queue(
                 created, self._owners_queue_body(name, config), [claim_topics(name)]
             )
+            await self._create_queue(
+                created, self._parked_queue_body(name, config), [parked_topic(name)]
+            )
             await self._add(
                 created,
                 self.paths.jndi_queues(),
@@ -257,6 +274,7 @@ class Provisioner:
                 await self._delete(self.paths.queue(queue_name(name, queue)))
             await self._delete(self.paths.queue(output_queue_name(name)))
             await self._delete(self.paths.queue(owners_queue_name(name)))
+            await self._delete(self.paths.queue(parked_queue_name(name)))
             if await self._manages(user):
                 for kind, topic in acl_exceptions(name):
                     await self._delete(self.paths.acl_exception(user, kind, topic))
@@ -274,22 +292,31 @@ class Provisioner:
             raise BrokerError(f"cannot delete group '{name}': {exc}") from None
 
     async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
-        """The claims queue of a group made before it, if missing."""
-        queue = owners_queue_name(name)
+        """What a group made before them lacks: its claims queue, its parking queue and the
+        CU's exception to publish to it (if lbg manages the CU); a failure undoes this run."""
+        queues = [
+            ("claims", self._owners_queue_body(name, config), claim_topics(name)),
+            ("parking", self._parked_queue_body(name, config), parked_topic(name)),
+        ]
+        user = config.client_username
+        topic = parked_topic(name)
+        path = self.paths.acl_exception(user, "publishTopicExceptions", topic)
+        added: list[str] = []
+        created: list[str] = []
         try:
-            if await self.semp.exists(self.paths.queue(queue)):
-                return []
-            created: list[str] = []
-            try:
-                await self._create_queue(
-                    created, self._owners_queue_body(name, config), [claim_topics(name)]
-                )
-            except SempError:
-                await self._undo(created)
-                raise
+            for what, body, subscription in queues:
+                if not await self.semp.exists(self.paths.queue(str(body["queueName"]))):
+                    await self._create_queue(created, body, [subscription])
+                    added.append(f"{what} queue '{body['queueName']}'")
+            if await self._manages(user) and not await self.semp.exists(path):
+                collection = self.paths.acl_exceptions(user, "publishTopicExceptions")
+                body = _exception_body("publishTopicExceptions", topic)
+                await self._add(created, collection, path, body)
+                added.append(f"'{user}' may publish to '{topic}'")
         except SempError as exc:
+            await self._undo(created)
             raise BrokerError(f"cannot upgrade group '{name}': {exc}") from None
-        return [f"claims queue '{queue}'"]
+        return added
 
     async def grant_publisher(
         self, group: str, config: GroupConfig, user: str, password: str | None
@@ -480,9 +507,17 @@ class Provisioner:
 
     def _output_queue_body(self, group: str, config: GroupConfig) -> dict[str, object]:
         return {
+            **self._parked_queue_body(group, config),
             "queueName": output_queue_name(group),
-            "accessType": "non-exclusive",
             "permission": "read-only",
+        }
+
+    def _parked_queue_body(self, group: str, config: GroupConfig) -> dict[str, object]:
+        """The parking lot: browsed (and its sync markers removed) only by the CU, its owner."""
+        return {
+            "queueName": parked_queue_name(group),
+            "accessType": "non-exclusive",
+            "permission": "no-access",
             "ingressEnabled": True,
             "egressEnabled": True,
             "maxMsgSpoolUsage": OUTPUT_SPOOL_MB,
