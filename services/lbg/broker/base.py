@@ -59,6 +59,10 @@ class QueueStatus:
     backlog: int
     in_flight: int
     active_client: str | None
+    # Seconds since the oldest unprocessed (waiting or unacked) event was stored; None where
+    # the broker cannot tell cheaply (RabbitMQ quorum queues, Solace): the autoscaler then
+    # estimates it from how long the backlog has not been cleared.
+    oldest_age: float | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +101,49 @@ class Resize:
 
 
 StateListener = Callable[[int, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedEvent:
+    """One event in a group's parking lot: as it came (body, headers with the reason and
+    attempts added) and its position in the lot (increasing in the order it was parked)."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    position: int
+
+
+class ParkingLot(abc.ABC):
+    """A group's parked keys: the registry (one record per key, read by every member that
+    takes a queue over) and the lot (each parked key's events, durable, in order)."""
+
+    @abc.abstractmethod
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        """Every key's registry record (see model/parking.py), by key: with `current`, every
+        record confirmed before the call (a member taking a queue over); else possibly a
+        moment old (a member's periodic look, where a broker makes `current` cost a write)."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, record: bytes) -> None:
+        """Store a key's record, confirmed before it returns (a member parks a key in the
+        registry before it acks the poison event)."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Forget a key's record (it is unparked)."""
+
+    @abc.abstractmethod
+    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """Park one more event of `key` behind its others, confirmed before it returns."""
+
+    @abc.abstractmethod
+    async def events(self, key: str) -> list[ParkedEvent]:
+        """The key's parked events in the order they were parked."""
+
+    @abc.abstractmethod
+    async def trim(self, key: str, through: int) -> None:
+        """Drop the key's parked events up to and including position `through` (replayed
+        or skipped); doing it twice does no harm."""
 
 
 class QueueBinding(abc.ABC):
@@ -407,7 +454,7 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        """Backlog and active client of each queue of the group."""
+        """Backlog, age of the oldest unprocessed event and active client of each queue."""
 
     @abc.abstractmethod
     async def publish(
@@ -440,6 +487,10 @@ class Broker(abc.ABC):
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
         """Receive the group's control messages; returns a coroutine function that unsubscribes."""
+
+    def parking(self, group: str) -> ParkingLot:
+        """The group's parking lot and parked-key registry."""
+        raise BrokerError(f"group '{group}': this broker keeps no parking lot")
 
     @abc.abstractmethod
     def read_output(self, group: str) -> AsyncIterator[OutputMessage]:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
@@ -45,6 +46,7 @@ from lbg.broker.base import (
     GroupExists,
     GroupNotFound,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     QueueStatus,
@@ -54,6 +56,12 @@ from lbg.broker.base import (
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.parking import (
+    NatsParkingLot,
+    lot_stream,
+    lot_stream_config,
+    registry_bucket,
+)
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -332,6 +340,8 @@ class NatsBroker(Broker):
                     num_replicas=config.replicas,
                 ),
             )
+            await self._add_stream(created, lot_stream_config(name, config.replicas))
+            await self._bucket(registry_bucket(name), replicas=config.replicas)
             for queue in range(config.queue_count):
                 await jsapi.create_consumer(
                     self._nc,
@@ -393,9 +403,11 @@ class NatsBroker(Broker):
 
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
-        for stream in (events_stream(name), output_stream(name)):
+        streams = (events_stream(name), output_stream(name), lot_stream(name))
+        for stream in (*streams, f"KV_{registry_bucket(name)}"):
             with contextlib.suppress(NotFoundError):
                 await self._js.delete_stream(stream)
+        self._kv.pop(registry_bucket(name), None)
         owners = await self._bucket(OWNERS_BUCKET)
         with contextlib.suppress(NotFoundError, NoKeysError):
             for key in await owners.keys():
@@ -411,14 +423,26 @@ class NatsBroker(Broker):
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
+            backlog, in_flight = (
+                int(info.get("num_pending", 0)),
+                int(info.get("num_ack_pending", 0)),
+            )
+            oldest = None
+            if backlog + in_flight:
+                floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                stored = await jsapi.first_stored_after(
+                    self._nc, events_stream(name), floor + 1, bucket_filters(config, queue)
+                )
+                oldest = None if stored is None else max(0.0, time.time() - stored)
             status.append(
                 QueueStatus(
                     queue=queue,
                     name=f"{name}/{consumer_name(queue)}",
                     buckets=config.buckets_for_queue(queue),
-                    backlog=int(info.get("num_pending", 0)),
-                    in_flight=int(info.get("num_ack_pending", 0)),
+                    backlog=backlog,
+                    in_flight=in_flight,
                     active_client=active,
+                    oldest_age=oldest,
                 )
             )
         return status
@@ -511,6 +535,9 @@ class NatsBroker(Broker):
 
         subscription = await self._nc.subscribe(control_subject(group), cb=deliver)
         return subscription.unsubscribe
+
+    def parking(self, group: str) -> ParkingLot:
+        return NatsParkingLot(self._js, self._streams, group, self._events.refusal)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         sub = await self._js.pull_subscribe(
