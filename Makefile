@@ -96,8 +96,10 @@ autoscale: $(STAMP)  ## scale the local stack's clients on the group's lag (back
 down: $(STAMP)  ## stop the local stack
 	$(BIN)/lbg local down
 
-test-compose: $(STAMP)  ## compose.yaml for real (profile nats) on a Docker daemon of its own, local stand-in images
-	bash compose/stand-ins/test-compose.sh
+# PROFILES="nats rabbitmq" runs both, one after the other (CI runs nats).
+PROFILES ?= nats
+test-compose: $(STAMP)  ## compose.yaml for real (PROFILES=nats) on a Docker daemon of its own, local stand-in images (~3-5 min)
+	bash compose/stand-ins/test-compose.sh $(BIN)/python $(PROFILES)
 
 deploy-check: $(STAMP)  ## Dockerfile, compose/ and ansible/: schema, lint, real local runs (~1 min)
 	$(BIN)/python -m pytest tests/deploy $(ARGS)

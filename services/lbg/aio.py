@@ -14,3 +14,11 @@ async def cancel_and_wait(task: asyncio.Task, retry_after: float = 0.5) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=retry_after)
+
+
+def cancel_requested() -> bool:
+    """Whether the current task was asked to stop, rather than a client library having
+    cancelled one of its own pending calls (aiormq does that to every call of a connection
+    that closed): only the first should end a loop."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

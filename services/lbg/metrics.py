@@ -130,7 +130,10 @@ def health_app(
         )
 
     async def healthz(_request: web.Request) -> web.Response:
-        return answer(watch.alive(), loop_lag_seconds=round(watch.lag, 3))
+        """Liveness says the broker's state too, but never fails on it: a restart cannot bring
+        a broker back, it would only drop the daemon's state (readiness fails instead)."""
+        lag = round(watch.lag, 3)
+        return answer(watch.alive(), loop_lag_seconds=lag, broker_connected_group_bound=ready())
 
     async def readyz(_request: web.Request) -> web.Response:
         is_ready = ready()

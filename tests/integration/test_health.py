@@ -55,11 +55,14 @@ def test_health_and_readiness_follow_the_broker(tmp_path: Path) -> None:
                 assert wait_for(port, "/readyz", 200)["status"] == "ok", name
                 body = wait_for(port, "/healthz", 200)
                 assert 0 <= body["loop_lag_seconds"] < 1, name
+                assert body["broker_connected_group_bound"] is True, name
             server.stop()
             for name, port in ports.items():
                 body = wait_for(port, "/readyz", 503)
                 assert body == {"status": "failing", "broker_connected_group_bound": False}, name
-                assert probe(port, "/healthz")[0] == 200, f"{name}: the loop itself is alive"
+                status, body = probe(port, "/healthz")
+                assert status == 200, f"{name}: the loop itself is alive"
+                assert body["broker_connected_group_bound"] is False, f"{name}: says the broker"
             server.start()
             for port in ports.values():
                 wait_for(port, "/readyz", 200, timeout=60)

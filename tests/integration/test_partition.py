@@ -42,7 +42,7 @@ HANDLER = ("--handler", "tests.support.store:handle")
 STATIC_CYCLE_SECONDS = 2.0
 Cut = Partition | Blackhole
 # Brokers whose deliveries carry a queue's ownership epoch (the fencing token).
-BROKERS_WITH_EPOCHS = {"nats", "rabbitmq", "messagedb"}
+BROKERS_WITH_EPOCHS = {"nats", "rabbitmq", "messagedb", "solace"}
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 from tests.support.solace_env import missing, solace_settings
 
-from lbg.broker.base import Delivery, QueueBinding
+from lbg.broker.base import BrokerError, Delivery, QueueBinding
 from lbg.broker.solace.adapter import SolaceBroker, connect
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -96,6 +96,54 @@ def test_group_lifecycle_exclusivity_order_and_failover() -> None:
                     await broker.close()
             await admin.delete_group(group)
             assert group not in await admin.list_groups()
+            await admin.close()
+
+    asyncio.run(scenario())
+
+
+def test_each_owner_of_a_queue_gets_a_higher_epoch_and_old_groups_name_the_upgrade() -> None:
+    """Claims read back through the claims queue: the owner after a failover carries a higher
+    RGMID-derived epoch; a group without its claims queue is refused until upgraded."""
+    settings = live_settings()
+    group = f"t{uuid.uuid4().hex[:10]}"
+    config = GroupConfig(
+        hash_prefix=group, hash_count=2, queue_count=1, client_username=f"cu-{group}"
+    )
+
+    async def scenario() -> None:
+        admin = await connect(settings, f"lbg-test-admin-{group}")
+        brokers: list[SolaceBroker] = []
+        password = uuid.uuid4().hex
+        client = dataclasses.replace(settings, user=config.client_username, password=password)
+        try:
+            await admin.create_group(group, config, client_password=password)
+            for n in range(EVENTS):
+                destination = event_destination(config.hash_prefix, 0, "key-1")
+                await admin.publish(destination, str(n).encode())
+            brokers += [await connect(client, f"lbg-test-{n}-{group}") for n in range(3)]
+            one = await brokers[0].bind(group, config, 0, "a")
+            two = await brokers[1].bind(group, config, 0, "b")
+            half = await take(one, EVENTS // 2)
+            await one.close()
+            await wait_until(lambda: two.active, "failover to the second binding")
+            rest = await take(two, EVENTS - EVENTS // 2)
+            first, second = {d.owner_epoch for d in half}, {d.owner_epoch for d in rest}
+            assert len(first) == len(second) == 1, "one ownership, one epoch"
+            assert 0 < first.pop() < second.pop(), "the later owner's epoch is not higher"
+            await two.close()
+            provisioner = admin._admin()
+            await provisioner.semp.delete(provisioner.paths.queue(f"lbg.{group}.owners"))
+            with pytest.raises(BrokerError, match=f"cg-admin upgrade {group}"):
+                await brokers[2].bind(group, config, 0, "c")
+            assert await admin.upgrade_group(group, config) == [
+                f"claims queue 'lbg.{group}.owners'"
+            ]
+            three = await brokers[2].bind(group, config, 0, "c")
+            await three.close()
+        finally:
+            for broker in brokers:
+                await broker.close()
+            await admin.delete_group(group)
             await admin.close()
 
     asyncio.run(scenario())

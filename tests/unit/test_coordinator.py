@@ -102,3 +102,36 @@ def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
         assert second.active, "evicted a pin seen for half a lease only"
 
     asyncio.run(rounds())
+
+
+def test_a_call_its_client_library_cancels_does_not_end_the_heartbeat_loop() -> None:
+    """aiormq cancels its pending calls when the connection closes under them: the awaiting
+    heartbeat sees a CancelledError nobody asked for; the loop must beat on, not end."""
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        coordinator = Coordinator(
+            broker, "g", "me", BindingSteering({0: mine}, lambda q: None), interval=0.02
+        )
+        await coordinator.join()
+        sent = broker.publish_control
+        beats: list[str] = []
+
+        async def cancelled_once(group: str, body: bytes) -> None:
+            beats.append("beat")
+            if len(beats) == 1:
+                pending = asyncio.get_running_loop().create_future()
+                pending.cancel()  # as the library does to the calls of a closed connection
+                await pending
+            await sent(group, body)
+
+        broker.publish_control = cancelled_once  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        beating = asyncio.create_task(coordinator.run(stop))
+        await asyncio.sleep(0.3)
+        assert not beating.done(), "the heartbeat loop ended on a call the library cancelled"
+        assert len(beats) > 3
+        stop.set()
+        await beating
+
+    asyncio.run(rounds())

@@ -9,12 +9,15 @@ from lbg.broker.base import Delivery, LoopBinding
 class Recording(LoopBinding):
     """A binding whose broker calls only record what the shared shape asked of them."""
 
-    def __init__(self, fail_rounds: int = 0, stalled: bool = False) -> None:
+    def __init__(
+        self, fail_rounds: int = 0, stalled: bool = False, library_cancels: int = 0
+    ) -> None:
         super().__init__(3, lambda queue, active: self.changes.append(active), preferred=True)
         self.calls: list[str] = []
         self.changes: list[bool] = []
         self.rounds = 0
         self.fail_rounds = fail_rounds
+        self.library_cancels = library_cancels
         self.stalled = stalled
         self._start("recording")
 
@@ -40,6 +43,10 @@ class Recording(LoopBinding):
         self.rounds += 1
         if self.rounds <= self.fail_rounds:
             raise OSError("connection reset")
+        if self.rounds <= self.library_cancels:
+            pending = asyncio.get_running_loop().create_future()
+            pending.cancel()  # as aiormq does to the calls of a connection that closed
+            await pending
         self._set_active(True, "test")
         return 0.01
 
@@ -71,6 +78,16 @@ def test_a_failed_round_is_recovered_and_the_loop_goes_on() -> None:
         binding = Recording(fail_rounds=2)
         await until(lambda: binding.active)
         assert binding.calls == ["failed: connection reset"] * 2
+        await binding.close()
+
+    asyncio.run(main())
+
+
+def test_a_call_the_client_library_cancels_is_a_failed_round_not_the_loop_s_end() -> None:
+    async def main() -> None:
+        binding = Recording(library_cancels=1)
+        await until(lambda: binding.active)
+        assert binding.calls == ["failed: a broker call was cancelled under it"]
         await binding.close()
 
     asyncio.run(main())

@@ -130,6 +130,16 @@ def test_report_outputs() -> None:
     assert text.splitlines()[-1].split() == ["result", "OK"]
 
 
+def test_per_client_counts_stay_apart_from_long_client_names() -> None:
+    """Dynamic members are named client-<host>-<pid>, longer than any fixed column."""
+    checker = SequenceChecker()
+    checker.observe("k", 1, "client-3c1fe0eb1311-7", 0)
+    checker.observe("k", 2, "c1", 0)
+    lines = checker.report({"k": 2}).to_text().splitlines()
+    per_client = lines[lines.index("per client:") + 1 : -1]
+    assert [line.split() for line in per_client] == [["c1", "1"], ["client-3c1fe0eb1311-7", "1"]]
+
+
 def test_reorder_fails_the_report() -> None:
     checker = SequenceChecker()
     for seq in (2, 1):

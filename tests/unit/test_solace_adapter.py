@@ -596,6 +596,19 @@ def fire(listeners: set[Callable[[Any], None]], message: str) -> None:
     on_api_thread(lambda: [listener(event) for listener in listeners])
 
 
+class StubClaims:
+    """Ownership claims without a broker: every claim gets the same epoch."""
+
+    epoch = 7
+
+    async def prepare(self, group: str) -> None: ...
+
+    async def claim(self, group: str, queue: int, record: bytes) -> int:
+        return self.epoch
+
+    async def close(self) -> None: ...
+
+
 def test_a_reconnecting_session_fences_its_bindings_and_binds_new_flows(
     connected: MessagingService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,12 +626,13 @@ def test_a_reconnecting_session_fences_its_bindings_and_binds_new_flows(
 
     async def scenario() -> None:
         broker = await adapter.SolaceBroker.start(connected, SETTINGS, "lbg-test")
+        broker._claims = StubClaims()  # type: ignore[assignment]
         active = await broker.bind("g", config, 0, "client-a")
         standby = await broker.bind("g", config, 1, "client-a")
         flows[0].send(True, received(connected.message_builder().build(bytearray(b"m1"))))
         await settle()
         delivery = await active.next()
-        assert delivery.body == b"m1"
+        assert (delivery.body, delivery.owner_epoch) == (b"m1", StubClaims.epoch)
         fire(connected._attempt_listeners, "TCP connection failure")
         await settle()
         assert not active.owns(delivery) and not await active.ack(delivery)

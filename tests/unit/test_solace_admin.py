@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 
 import httpx
@@ -11,7 +12,7 @@ from test_semp_contract import check_request
 
 from lbg.broker.base import BrokerError, GroupExists, GroupNotFound
 from lbg.broker.nats.adapter import NatsBroker
-from lbg.broker.solace import provision
+from lbg.broker.solace import claims, provision
 from lbg.broker.solace.adapter import queue_status
 from lbg.broker.solace.provision import Provisioner
 from lbg.broker.solace.semp import PAGE_SIZE, SempClient, SempError
@@ -41,7 +42,7 @@ def run(coroutine):
 def test_create_makes_the_original_objects(server: SempServer, admin: Provisioner) -> None:
     run(admin.create_group("g1", CONFIG, client_password="pw"))
     queues = [f"lbg.g1.q{n}" for n in range(4)]
-    assert server.names(VPN, "queues") == sorted([*queues, "lbg.g1.out"])
+    assert server.names(VPN, "queues") == sorted([*queues, "lbg.g1.out", "lbg.g1.owners"])
     for n, name in enumerate(queues):
         queue = server.object(VPN, "queues", name)
         assert queue["accessType"] == "exclusive"
@@ -92,6 +93,56 @@ def test_acl_profile_lets_the_client_publish_only_its_outputs_and_heartbeats(
     assert "password" not in server.object(VPN, "clientUsernames", "cu1")
 
 
+def smf_matches(pattern: str, topic: str) -> bool:
+    """Solace SMF topic matching: '*' is one whole level, a final '>' one or more levels."""
+    want, have = pattern.split("/"), topic.split("/")
+    if want[-1] == ">":
+        return len(have) >= len(want) and all(
+            w in ("*", h) for w, h in zip(want[:-1], have, strict=False)
+        )
+    return len(want) == len(have) and all(w in ("*", h) for w, h in zip(want, have, strict=True))
+
+
+def test_the_claims_queue_keeps_claims_for_a_while_and_only_its_client_reads_it(
+    server: SempServer, admin: Provisioner
+) -> None:
+    run(admin.create_group("g1", CONFIG, client_password="pw"))
+    run(
+        admin.create_group(
+            "g2", dataclasses.replace(CONFIG, hash_prefix="o", client_username="cu2")
+        )
+    )
+    owners = server.object(VPN, "queues", "lbg.g1.owners")
+    assert (owners["accessType"], owners["permission"], owners["owner"]) == (
+        "non-exclusive",
+        "no-access",
+        "cu1",
+    )
+    assert owners["respectTtlEnabled"] is True
+    assert owners["maxTtl"] == provision.CLAIM_TTL_SECONDS > 10 * claims.CLAIM_TIMEOUT
+    assert server.names(VPN, "queues", "lbg.g1.owners", "subscriptions") == ["_lbgctl/g1/owners/>"]
+    topic = provision.claim_topic("g1", 3)
+    assert smf_matches("_lbgctl/g1/owners/>", topic)
+    allowed = server.names(VPN, "aclProfiles", "cu1", "publishTopicExceptions")
+    assert any(smf_matches(name.split(",", 1)[1], topic) for name in allowed)
+    others = server.names(VPN, "aclProfiles", "cu2", "publishTopicExceptions")
+    assert not any(smf_matches(name.split(",", 1)[1], topic) for name in others)
+    assert not smf_matches(provision.control_topics("g1"), "_lbgctl/g2/owners/0")
+
+
+def test_upgrade_adds_the_claims_queue_to_an_old_group_once(
+    server: SempServer, admin: Provisioner
+) -> None:
+    run(admin.create_group("g1", CONFIG))
+    run(admin.semp.delete(admin.paths.queue("lbg.g1.owners")))  # as made before claims
+
+    assert run(admin.upgrade_group("g1", CONFIG)) == ["claims queue 'lbg.g1.owners'"]
+    assert run(admin.upgrade_group("g1", CONFIG)) == []
+    assert server.names(VPN, "queues", "lbg.g1.owners", "subscriptions") == ["_lbgctl/g1/owners/>"]
+    run(admin.delete_group("g1"))
+    assert server.names(VPN, "queues") == []
+
+
 def test_read_list_delete(server: SempServer, admin: Provisioner) -> None:
     other = GroupConfig(hash_prefix="pay", hash_count=4, queue_count=2, client_username="cu2")
     run(admin.create_group("g1", CONFIG))
@@ -100,7 +151,7 @@ def test_read_list_delete(server: SempServer, admin: Provisioner) -> None:
     assert run(admin.list_groups()) == {"g1": CONFIG, "g2": other}
     run(admin.delete_group("g1"))
     assert run(admin.list_groups()) == {"g2": other}
-    assert server.names(VPN, "queues") == ["lbg.g2.out", "lbg.g2.q0", "lbg.g2.q1"]
+    assert server.names(VPN, "queues") == ["lbg.g2.out", "lbg.g2.owners", "lbg.g2.q0", "lbg.g2.q1"]
     assert server.names(VPN, "clientUsernames") == ["cu2"]
     assert server.names(VPN, "aclProfiles") == ["cu2"]
     assert server.names(VPN, "clientProfiles") == ["cu2"]

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.adapters import ADAPTERS
 from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.model.group import GroupConfig
@@ -33,6 +33,15 @@ class GroupExists(BrokerError):
 
 class GroupNotFound(BrokerError):
     """The group has no config in the broker's store."""
+
+
+def needs_upgrade(group: str, missing: str) -> BrokerError:
+    """The one-line refusal of a group made before ownership epochs: what it lacks and the
+    command that adds it."""
+    return BrokerError(
+        f"group '{group}' has no {missing} (made before ownership epochs):"
+        f" run `cg-admin upgrade {group}` once, with admin rights"
+    )
 
 
 class PublishError(BrokerError):
@@ -245,6 +254,13 @@ class EpochBinding(QueueBinding):
                 return delivery
         return None
 
+    def _hand_out(self, held: list[Delivery], owner_epoch: int) -> None:
+        """Buffer what was held back until its ownership was claimed, tagged with its epoch."""
+        for delivery in held:
+            delivery.owner_epoch = owner_epoch
+            self._buffer.put_nowait(delivery)
+        held.clear()
+
     def _new_epoch(self) -> None:
         """Forget what was delivered so far: it may no longer be processed or acked."""
         self._epoch += 1
@@ -316,7 +332,9 @@ class LoopBinding(EpochBinding):
             try:
                 delay = await self._step()
             except asyncio.CancelledError:
-                raise
+                if cancel_requested():
+                    raise
+                delay = await self._failed(ConnectionError("a broker call was cancelled under it"))
             except Exception as exc:
                 delay = await self._failed(exc)
             if delay:
@@ -430,6 +448,12 @@ class Broker(abc.ABC):
     async def revoke_publisher(self, group: str, config: GroupConfig, user: str) -> None:
         """Take back what grant_publisher gave `user` on this group."""
         raise BrokerError(self.publisher_users_hint)
+
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """Add what a group made by an older release lacks (the store of its queues'
+        ownership epochs, the client's rights on it) and name each thing added; idempotent.
+        Clients refuse a group without it with needs_upgrade()."""
+        return []
 
     async def resize_group(self, name: str, queue_count: int) -> Resize:
         """Give a running group `queue_count` queues, as its config's next generation (GN);

@@ -300,6 +300,24 @@ def delete(ctx: click.Context, group: str) -> None:
 
 @main.command()
 @click.argument("group")
+@click.pass_context
+def upgrade(ctx: click.Context, group: str) -> None:
+    """Add what a group made by an older release lacks (the store of its ownership epochs,
+    the client's rights on it); safe to run again. Clients refuse such a group, naming this."""
+    settings = _settings(ctx, name=group)
+    with one_line_errors():
+        validate_group_name(group)
+
+    async def action(broker: Broker) -> int:
+        added = await broker.upgrade_group(group, await broker.read_group(group))
+        click.echo(f"group '{group}': " + ("; ".join(added) if added else "nothing to add"))
+        return 0
+
+    run(lambda _stop: _with_broker(settings, action))
+
+
+@main.command()
+@click.argument("group")
 @click.option(
     "--queues", "queue_count", type=click.IntRange(min=1), required=True, help="The new QC."
 )

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.membership import MembershipView
 from lbg.client.steering import Steering
@@ -121,8 +122,14 @@ class Coordinator:
             self._wake.clear()
             if stop.is_set():
                 return
-            with contextlib.suppress(BrokerError, TimeoutError):
+            try:
                 await self.tick()
+            except (BrokerError, TimeoutError):
+                pass
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                log.warning("member %s: a broker call was cancelled under it", self.member)
 
     async def leave(self) -> None:
         """Announce leaving: the others take this member's queues as it releases them."""

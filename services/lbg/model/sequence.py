@@ -95,7 +95,10 @@ class Report:
         ]
         lines = [f"{name:<14}{value}" for name, value in rows]
         lines.append("per client:")
-        lines.extend(f"  {client:<12}{count}" for client, count in sorted(self.per_client.items()))
+        width = max(map(len, self.per_client), default=0)
+        lines.extend(
+            f"  {client:<{width}}  {count}" for client, count in sorted(self.per_client.items())
+        )
         unknown = " (no publisher summary yet: losses cannot be counted)"
         lines.append(f"{'result':<14}{self.verdict}{unknown if self.verdict == 'UNKNOWN' else ''}")
         return "\n".join(lines)

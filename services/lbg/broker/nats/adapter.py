@@ -52,6 +52,7 @@ from lbg.broker.base import (
     QueueStatus,
     StateListener,
     UndeliverableEvent,
+    needs_upgrade,
 )
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import stored_at
@@ -216,14 +217,30 @@ async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionL
         ) from None
     if wants_tls(settings) and not nc._server_info.get("tls_required"):
         # nats-py talks plain text to a server that does not require TLS, even for tls://.
-        events.closing = True
-        await nc.close()
-        raise BrokerError(
+        await _refuse(
+            nc,
+            events,
             f"{settings.shown_url}: the server does not require TLS, and TLS was asked for"
-            " (tls:// or a tls_* key): refusing to talk to it in plain text"
+            " (tls:// or a tls_* key): refusing to talk to it in plain text",
+        )
+    version = str(nc._server_info.get("version", ""))
+    if jsapi.server_too_old(version):
+        await _refuse(
+            nc,
+            events,
+            f"{settings.shown_url} runs nats-server {version}; sticky-lbg needs"
+            f" {'.'.join(map(str, jsapi.MIN_SERVER_VERSION))} or newer"
+            " (pinned_client priority groups, consumer reset)",
         )
     events.connected = True
     return nc
+
+
+async def _refuse(nc: Client, events: _ConnectionLog, reason: str) -> None:
+    """Close a connection the pattern cannot use, and say why."""
+    events.closing = True
+    await nc.close()
+    raise BrokerError(reason)
 
 
 def _explain(error: str) -> str:
@@ -401,6 +418,16 @@ class NatsBroker(Broker):
                 groups[name] = await self.read_group(name)
         return groups
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """The owners bucket, if missing (it is shared by every group); the client user's
+        rights on it come from the rendered permissions (permissions.py), to apply again."""
+        try:
+            await self._bucket(OWNERS_BUCKET, create=False)
+            return []
+        except BucketNotFoundError:
+            await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
+            return [f"KV bucket '{OWNERS_BUCKET}'"]
+
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
         streams = (events_stream(name), output_stream(name), lot_stream(name))
@@ -499,7 +526,10 @@ class NatsBroker(Broker):
             refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
             reason = refused or exc or "no answer"
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        owners = await self._bucket(OWNERS_BUCKET)
+        try:
+            owners = await self._bucket(OWNERS_BUCKET, create=False)
+        except BucketNotFoundError:
+            raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
         priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import re
 from typing import Any
 
 import orjson
@@ -16,6 +17,10 @@ from nats.aio.client import Client
 API_TIMEOUT = 5.0
 NANOS = 1_000_000_000
 NO_MESSAGE = 10037
+# pinned_client priority groups came in 2.11 and CONSUMER.RESET in 2.14. An older server
+# accepts the consumers but drops their priority fields, so every pull would just time out.
+MIN_SERVER_VERSION = (2, 14)
+_VERSION = re.compile(r"v?(\d+)\.(\d+)")
 
 
 class JsApiError(Exception):
@@ -27,6 +32,12 @@ class JsApiError(Exception):
         self.code = code
         self.err_code = err_code
         self.description = description
+
+
+def server_too_old(version: str) -> bool:
+    """Whether a server's INFO `version` predates what the pattern needs (unparsed: let it try)."""
+    found = _VERSION.match(version)
+    return found is not None and (int(found[1]), int(found[2])) < MIN_SERVER_VERSION
 
 
 def nanos(seconds: float) -> int:

@@ -216,10 +216,7 @@ class RabbitQueueBinding(LoopBinding):
         if self._stint is not stint or self._epoch != epoch:
             return
         stint.owner_epoch = owner_epoch
-        for delivery in stint.held:
-            delivery.owner_epoch = owner_epoch
-            self._buffer.put_nowait(delivery)
-        stint.held.clear()
+        self._hand_out(stint.held, owner_epoch)
 
 
 def header_text(value: object) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from lbg.broker.base import BrokerError, needs_upgrade
 from lbg.broker.rabbitmq import topology
 
 log = logging.getLogger(__name__)
@@ -47,22 +48,21 @@ class OwnerClaims:
         self._publish = publish
         self._readers: dict[str, _Reader] = {}
         self._lock = asyncio.Lock()
-        self._without_stream: set[str] = set()
 
     async def prepare(self, group: str) -> None:
         """Start the group's reader ahead of the first claim (a takeover then waits only for
-        the claim's publish and delivery); if that fails now, the first claim tries again."""
+        the claim's publish and delivery); a group without an owners stream is refused now,
+        other failures are left for the first claim to retry."""
         try:
-            await self._reader_or_none(group)
+            await self._reader_or_refusal(group)
+        except BrokerError:
+            raise
         except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
             log.warning("group '%s': owners stream not read yet: %s", group, exc)
 
     async def claim(self, group: str, queue: int, record: bytes) -> int:
-        """The queue's new epoch, once the claim is in the stream; 0 for a group made before
-        the owners stream existed (no epochs there)."""
-        reader = await self._reader_or_none(group)
-        if reader is None:
-            return 0
+        """The queue's new epoch, once the claim is in the stream."""
+        reader = await self._reader_or_refusal(group)
         nonce = uuid.uuid4().hex
         found = reader.waiting[nonce] = asyncio.get_running_loop().create_future()
         try:
@@ -82,21 +82,17 @@ class OwnerClaims:
                 await reader.channel.close()
         self._readers.clear()
 
-    async def _reader_or_none(self, group: str) -> _Reader | None:
-        """The group's reader; None if the group has no owners stream this client may read
-        (made before epochs, or its permissions granted before them: cg-admin create grants
-        them for new groups)."""
-        if group in self._without_stream:
-            return None
+    async def _reader_or_refusal(self, group: str) -> _Reader:
+        """The group's reader; needs_upgrade if the group has no owners stream this client
+        may read (made before epochs, or its permissions granted before them)."""
         try:
             return await self._reader(group)
         except (
             aiormq.exceptions.ChannelNotFoundEntity,
             aiormq.exceptions.ChannelAccessRefused,
-        ) as exc:
-            self._without_stream.add(group)
-            log.warning("group '%s': no owners stream to read (%s): epoch 0", group, exc)
-            return None
+        ):
+            stream = topology.owners_stream_name(group)
+            raise needs_upgrade(group, f"owners stream '{stream}' it may read") from None
 
     async def _reader(self, group: str) -> _Reader:
         """The group's reader, started (again, after a lost channel) when needed."""

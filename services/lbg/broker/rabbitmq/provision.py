@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import aio_pika
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import AMQPError, DeliveryError
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from lbg.broker.base import BrokerError, GroupExists, QueueStatus
 from lbg.broker.rabbitmq import topology
@@ -125,6 +126,32 @@ class RabbitProvisioning:
             with contextlib.suppress(Exception):
                 await channel.close()
         self._prefixes[config.hash_prefix] = name
+
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """The owners stream and its binding, if missing, and the client user's permissions
+        put again (today's include reading the stream and publishing claims)."""
+        added = []
+        channel = await self._open_channel()
+        try:
+            stream = topology.owners_stream_name(name)
+            try:
+                await channel.declare_queue(stream, passive=True)
+            except ChannelNotFoundEntity:
+                channel = await self._open_channel()
+                owners = await channel.declare_queue(
+                    stream, durable=True, arguments=topology.output_arguments()
+                )
+                exchange = await channel.get_exchange(topology.exchange_name(name))
+                await owners.bind(exchange, topology.owners_binding_key(name))
+                added.append(f"owners stream '{stream}'")
+        except AMQPError as exc:
+            raise BrokerError(f"cannot upgrade group '{name}': {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        await self._grant_client(config.client_username, None)
+        added.append(f"permissions of client user '{config.client_username}' refreshed")
+        return added
 
     def _policy_path(self, policy: str) -> str:
         return f"/policies/{path_segment(self._vhost)}/{path_segment(policy)}"

@@ -30,6 +30,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+import orjson
 from solace.messaging.config.receiver_activation_passivation_configuration import (
     ReceiverState,
     ReceiverStateChangeListener,
@@ -66,6 +67,8 @@ from lbg.broker.base import (
     UndeliverableKey,
 )
 from lbg.broker.solace.binding import FlowEvents, Inbound, SolaceQueueBinding
+from lbg.broker.solace.browse import browse, describe, open_browser
+from lbg.broker.solace.claims import OwnerClaims
 from lbg.broker.solace.connection import ConnectionWatch
 from lbg.broker.solace.provision import (
     CONTROL_PREFIX,
@@ -85,8 +88,6 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
 CONTROL_BUFFER = 10_000
-BROWSE_BATCH = 500
-BROWSE_WAIT_MS = 500
 ACTIVE_FLOW = "active-consumer"
 MAX_TOPIC_BYTES = 250
 # The queues' max-msg-size (Solace's default, which cg-admin leaves): a bigger message is
@@ -116,16 +117,6 @@ def topic_name(destination: Destination) -> str:
 def control_topic(group: str) -> str:
     """The group's membership heartbeats: `_lbgctl/<group>/members` (direct messages)."""
     return f"{CONTROL_PREFIX}/{group}/members"
-
-
-def describe(exc: BaseException) -> str:
-    """One line from an API error, whose text is often a dict of the C library's error info."""
-    detail = exc.args[0] if exc.args else None
-    if isinstance(detail, dict):
-        text = str(detail.get("error_info_contents") or detail.get("sub_code") or detail)
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())[:300]
 
 
 def queue_resource(name: str, exclusive: bool) -> Queue:
@@ -334,6 +325,9 @@ class SolaceBroker(Broker):
         self._publisher: Any = None
         self._direct: Any = None
         self._receivers: set[Any] = set()
+        self._claims = OwnerClaims(
+            lambda name: open_browser(self._service, name), browse, self._publish_claim
+        )
 
     @classmethod
     async def connect(
@@ -391,6 +385,7 @@ class SolaceBroker(Broker):
         return bool(self._service.is_connected)
 
     async def close(self) -> None:
+        await self._claims.close()
         for receiver in [self._publisher, self._direct, *self._receivers]:
             if receiver is not None:
                 with contextlib.suppress(Exception):
@@ -451,6 +446,9 @@ class SolaceBroker(Broker):
     async def list_groups(self) -> dict[str, GroupConfig]:
         return await self._admin().list_groups()
 
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        return await self._admin().upgrade_group(name, config)
+
     async def delete_group(self, name: str) -> None:
         await self._admin().delete_group(name)
 
@@ -470,6 +468,13 @@ class SolaceBroker(Broker):
                 f"'{target}': event of {size} bytes (body and headers) exceeds the queues'"
                 f" max-msg-size of {MAX_MESSAGE_BYTES} bytes"
             )
+        await self._persist(target, body, headers)
+
+    async def _publish_claim(self, topic: str, body: bytes, headers: dict[str, str]) -> None:
+        await self._persist(topic, body, headers)
+
+    async def _persist(self, target: str, body: bytes, headers: Mapping[str, str] | None) -> None:
+        """Publish to a topic and return once the broker's receipt says it is persisted."""
         with self._receipts.expect(target) as (key, receipt):
             try:
                 message = outbound_message(self._service, body, headers)
@@ -495,6 +500,13 @@ class SolaceBroker(Broker):
     ) -> QueueBinding:
         name = queue_name(group, queue)
         exclusive = config.exclusive
+        if exclusive:
+            await self._claims.prepare(group)
+
+        async def claim(pin: str) -> int:
+            record = orjson.dumps({"queue": queue, "client": client_id, "pin": pin})
+            return await self._claims.claim(group, queue, record)
+
         binding = SolaceQueueBinding(
             queue,
             lambda events: receiver_flow(self._service, name, exclusive, events),
@@ -503,6 +515,7 @@ class SolaceBroker(Broker):
             client_id=client_id,
             preferred=preferred,
             on_change=on_change,
+            claim=claim if exclusive else None,
         )
         try:
             await binding.start()
@@ -554,23 +567,12 @@ class SolaceBroker(Broker):
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         """Browse `lbg.<group>.out` from its oldest message on; nothing is consumed."""
-        if not hasattr(self._service, "create_message_queue_browser_builder"):
-            raise BrokerError(
-                "reading outputs needs a solace-pubsubplus release with queue browsing"
-                " (MessageQueueBrowser); upgrade solace-pubsubplus"
-            )
         name = output_queue_name(group)
-        browser = self._service.create_message_queue_browser_builder().build(
-            Queue.durable_non_exclusive_queue(name)
-        )
-        try:
-            await asyncio.to_thread(browser.start)
-        except PubSubPlusClientError as exc:
-            raise BrokerError(f"cannot browse queue '{name}': {describe(exc)}") from None
+        browser = await asyncio.to_thread(open_browser, self._service, name)
         kinds = {kind.value: kind for kind in OutputKind}
         try:
             while True:
-                for message in await asyncio.to_thread(_browse, browser, name):
+                for message in await asyncio.to_thread(browse, browser, name):
                     received = inbound(message)
                     kind = kinds.get(received.subject.rsplit("/", 1)[-1])
                     if kind is not None:
@@ -580,24 +582,6 @@ class SolaceBroker(Broker):
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(browser.terminate, 0)
-
-
-def _browse(browser: Any, name: str) -> list[InboundMessage]:
-    """Up to BROWSE_BATCH messages: wait a little for the first, then take what is there. A
-    browser whose flow went down refuses to receive (IllegalStateError): a BrokerError."""
-    try:
-        first = browser.receive_message(BROWSE_WAIT_MS)
-        if first is None:
-            return []
-        batch = [first]
-        while len(batch) < BROWSE_BATCH:
-            message = browser.receive_message(0)
-            if message is None:
-                break
-            batch.append(message)
-    except PubSubPlusClientError as exc:
-        raise BrokerError(f"browsing queue '{name}' stopped: {describe(exc)}") from None
-    return batch
 
 
 async def connect(

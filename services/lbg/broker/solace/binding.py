@@ -17,6 +17,11 @@ API's termination listener and delivers nothing more: the binding drops it, with
 delivered, and binds a new flow, retrying with backoff while the queue cannot be bound. The
 adapter does the same to every binding while the session reconnects (`rebind`, connection.py).
 
+Once active on an exclusive queue, the binding claims the queue's ownership epoch (the
+fencing token, claims.py) and holds its deliveries back until the claim is in; a claim that
+fails fences the binding (its flow is unbound, so the broker hands the queue on), and one
+that comes back after the binding lost the queue is ignored.
+
 No Solace equivalent, nearest behaviour instead: the broker shows other clients no token of
 a flow's ownership, so `pinned_by` answers None (nobody known) and `evict` does nothing and
 answers False: a gone owner loses its queue when the broker finds its session dead
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,6 +77,8 @@ class Inbound:
 
 # Builds a flow, not yet bound, that reports to the given events once started.
 OpenFlow = Callable[[FlowEvents], Flow]
+# Records this client's flow (its pin) as the queue's new owner; returns the ownership epoch.
+ClaimEpoch = Callable[[str], Awaitable[int]]
 
 
 class SolaceQueueBinding(EpochBinding):
@@ -86,8 +93,12 @@ class SolaceQueueBinding(EpochBinding):
         client_id: str,
         preferred: bool = True,
         on_change: StateListener | None = None,
+        claim: ClaimEpoch | None = None,
     ) -> None:
         super().__init__(queue, on_change)
+        self._claim = claim
+        self._owner_epoch: int | None = None
+        self._held: list[Delivery] = []
         self._open = open_flow
         self._read = read
         self._exclusive = exclusive
@@ -254,6 +265,8 @@ class SolaceQueueBinding(EpochBinding):
     def _lose(self, reason: str) -> None:
         """Fence: bump the epoch and drop what is buffered so nothing more is processed or acked."""
         self._new_epoch()
+        self._owner_epoch = None
+        self._held.clear()
         if self._exclusive:
             self._set_active(False, reason)
 
@@ -261,7 +274,7 @@ class SolaceQueueBinding(EpochBinding):
         if stint != self._stint:
             return
         if active:
-            self._set_active(True, "activated by the broker")
+            self._activate("activated by the broker")
         else:
             self._lose("passivated by the broker")
 
@@ -279,14 +292,43 @@ class SolaceQueueBinding(EpochBinding):
             log.warning("queue %d: unreadable message handed on empty: %s", self.queue, exc)
             inbound = Inbound(b"", "", {}, False)
         if not self._active:
-            self._set_active(True, "the broker delivers to this flow")
-        self._buffer.put_nowait(
-            Delivery(
-                body=inbound.body,
-                subject=inbound.subject,
-                headers=inbound.headers,
-                redelivered=inbound.redelivered,
-                epoch=self._epoch,
-                token=(stint, message),
-            )
+            self._activate("the broker delivers to this flow")
+        delivery = Delivery(
+            body=inbound.body,
+            subject=inbound.subject,
+            headers=inbound.headers,
+            redelivered=inbound.redelivered,
+            epoch=self._epoch,
+            token=(stint, message),
         )
+        if self._claims() and self._owner_epoch is None:
+            self._held.append(delivery)
+            return
+        delivery.owner_epoch = self._owner_epoch or 0
+        self._buffer.put_nowait(delivery)
+
+    def _claims(self) -> bool:
+        """Whether this binding's deliveries carry an ownership epoch it claims."""
+        return self._exclusive and self._claim is not None
+
+    def _activate(self, reason: str) -> None:
+        """Become the active flow and, once per ownership, claim its epoch."""
+        if self._active:
+            return
+        self._set_active(True, reason)
+        if self._claims():
+            self._spawn(self._claim_for(self._stint, self._epoch))
+
+    async def _claim_for(self, stint: int, epoch: int) -> None:
+        """Claim this ownership's epoch, then release what was held back, tagged with it."""
+        assert self._claim is not None
+        try:
+            owner_epoch = await self._claim(f"{self._client_id}/{self.queue}/{stint}")
+        except Exception as exc:
+            if self._stint == stint and self._epoch == epoch:
+                self.fence(f"cannot claim the ownership epoch: {exc or type(exc).__name__}")
+            return
+        if self._stint != stint or self._epoch != epoch:
+            return
+        self._owner_epoch = owner_epoch
+        self._hand_out(self._held, owner_epoch)

@@ -7,6 +7,10 @@ Objects of group `<g>` in the Message VPN (names chosen here, documented for ope
   buckets b = N, N+QC, N+2*QC, ... < HC.
 - `lbg.<g>.out`: the output queue, non-exclusive and `read-only` for others, subscribed to
   `_lbg/<g>/>`; it keeps the validation, dead-letter and summary outputs to be browsed.
+- `lbg.<g>.owners`: the ownership claims (claims.py), non-exclusive, owner CU and `no-access`
+  for others, subscribed to `_lbgctl/<g>/owners/>`; claims expire after CLAIM_TTL_SECONDS.
+  The CU publishes them under the `_lbgctl/<g>/>` exception it has for heartbeats, so it
+  may claim for its own groups only. `cg-admin upgrade` adds it to a group made before it.
 - JNDI queue object `lbg/<g>`: its physicalName is the group JSON (at most 200 characters).
   It is the group's record: created last and deleted last, so `list` (every JNDI queue named
   `lbg/...`) only shows complete groups and a half-deleted group can be deleted again.
@@ -39,6 +43,8 @@ CONTROL_PREFIX = "_lbgctl"
 JNDI_PREFIX = "lbg/"
 PHYSICAL_NAME_MAX = 200
 OUTPUT_SPOOL_MB = 1024
+CLAIM_TTL_SECONDS = 600
+CLAIMS_SPOOL_MB = 10
 TOPIC_SYNTAX = "smf"
 
 
@@ -48,6 +54,19 @@ def queue_name(group: str, queue: int) -> str:
 
 def output_queue_name(group: str) -> str:
     return f"lbg.{group}.out"
+
+
+def owners_queue_name(group: str) -> str:
+    return f"lbg.{group}.owners"
+
+
+def claim_topic(group: str, queue: int) -> str:
+    """Where the new owner of a queue publishes its claim: `_lbgctl/<g>/owners/<q>`."""
+    return f"{CONTROL_PREFIX}/{group}/owners/{queue}"
+
+
+def claim_topics(group: str) -> str:
+    return f"{CONTROL_PREFIX}/{group}/owners/>"
 
 
 def jndi_name(group: str) -> str:
@@ -213,6 +232,9 @@ class Provisioner:
             await self._create_queue(
                 created, self._output_queue_body(name, config), [output_topics(name)]
             )
+            await self._create_queue(
+                created, self._owners_queue_body(name, config), [claim_topics(name)]
+            )
             await self._add(
                 created,
                 self.paths.jndi_queues(),
@@ -234,6 +256,7 @@ class Provisioner:
             for queue in range(config.queue_count):
                 await self._delete(self.paths.queue(queue_name(name, queue)))
             await self._delete(self.paths.queue(output_queue_name(name)))
+            await self._delete(self.paths.queue(owners_queue_name(name)))
             if await self._manages(user):
                 for kind, topic in acl_exceptions(name):
                     await self._delete(self.paths.acl_exception(user, kind, topic))
@@ -249,6 +272,24 @@ class Provisioner:
             await self._delete(self.paths.jndi_queue(jndi_name(name)))
         except SempError as exc:
             raise BrokerError(f"cannot delete group '{name}': {exc}") from None
+
+    async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
+        """The claims queue of a group made before it, if missing."""
+        queue = owners_queue_name(name)
+        try:
+            if await self.semp.exists(self.paths.queue(queue)):
+                return []
+            created: list[str] = []
+            try:
+                await self._create_queue(
+                    created, self._owners_queue_body(name, config), [claim_topics(name)]
+                )
+            except SempError:
+                await self._undo(created)
+                raise
+        except SempError as exc:
+            raise BrokerError(f"cannot upgrade group '{name}': {exc}") from None
+        return [f"claims queue '{queue}'"]
 
     async def grant_publisher(
         self, group: str, config: GroupConfig, user: str, password: str | None
@@ -320,7 +361,7 @@ class Provisioner:
         if await self.semp.exists(self.paths.jndi_queue(jndi_name(name))):
             raise GroupExists(f"group '{name}' already exists (JNDI queue '{jndi_name(name)}')")
         names = [queue_name(name, q) for q in range(config.queue_count)]
-        for queue in [*names, output_queue_name(name)]:
+        for queue in [*names, output_queue_name(name), owners_queue_name(name)]:
             if await self.semp.exists(self.paths.queue(queue)):
                 raise GroupExists(f"queue '{queue}' already exists")
         for other_name, other in (await self.list_groups()).items():
@@ -445,6 +486,19 @@ class Provisioner:
             "ingressEnabled": True,
             "egressEnabled": True,
             "maxMsgSpoolUsage": OUTPUT_SPOOL_MB,
+            "owner": config.client_username,
+        }
+
+    def _owners_queue_body(self, group: str, config: GroupConfig) -> dict[str, object]:
+        return {
+            "queueName": owners_queue_name(group),
+            "accessType": "non-exclusive",
+            "permission": "no-access",
+            "ingressEnabled": True,
+            "egressEnabled": True,
+            "maxMsgSpoolUsage": CLAIMS_SPOOL_MB,
+            "respectTtlEnabled": True,
+            "maxTtl": CLAIM_TTL_SECONDS,
             "owner": config.client_username,
         }
 
