@@ -6,7 +6,7 @@ import contextvars
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -24,7 +24,8 @@ from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.client import LbgClient
 from lbg.client.coordination import DynamicRole, Role, StaticRole
-from lbg.handlers import Context, republish
+from lbg.handlers import Context, Hooks, republish
+from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
 from lbg.model.messages import Event
 from lbg.publisher import HashedPublisher
@@ -116,11 +117,19 @@ class Group:
         if gate is not None:
             await gate.wait()
 
-    async def join(self, name: str, role: Role | None = None) -> None:
+    async def join(self, name: str, role: Role | None = None, hooks: Hooks | None = None) -> None:
         broker = await connect_broker(BrokerSettings(url=URL), name)
         role = role or self.role
         client = LbgClient(
-            broker, "g", CONFIG, name, self.handle, role, cycle_seconds=0.1, window=self.window
+            broker,
+            "g",
+            CONFIG,
+            name,
+            self.handle,
+            role,
+            cycle_seconds=0.1,
+            window=self.window,
+            hooks=hooks,
         )
         stop = asyncio.Event()
         token = MEMBER.set(name)
@@ -400,6 +409,93 @@ def test_the_in_process_api_and_validator_run_on_a_memory_url() -> None:
         )
 
     asyncio.run(main())
+
+
+def test_a_handler_hung_past_the_stall_timeout_gives_the_queues_up_until_it_returns() -> None:
+    async def scenario(group: Group) -> None:
+        await group.join("a", replace(STEADY, stall_timeout=0.3))
+        await group.join("b")
+        await group.balanced()
+        group.gates["a"] = asyncio.Event()  # a's handler calls hang; its heartbeats go on
+        await group.publish(120)
+        a, b = (group.members[n].client.stats for n in "ab")
+        await until(lambda: not a.active and len(b.active) == CONFIG.queue_count)
+        group.gates["a"].set()
+        await group.balanced()
+        await group.settle()
+
+    group = run(scenario)
+    group.check_in_order()
+    group.check_epochs()
+    hung = {(w.key, w.seq) for w in group.writes if w.client == "a"}
+    again = {(w.key, w.seq) for w in group.writes if w.client == "b" and w.redelivered}
+    assert hung and hung <= again, "what a's hung handler held came again to b"
+
+
+def test_hooks_tell_a_handover_in_order() -> None:
+    journal: list[tuple[str, str, int]] = []
+
+    def hooks(name: str) -> Hooks:
+        async def assigned(queues: list[int]) -> None:
+            journal.extend((name, "assigned", q) for q in queues)
+
+        async def revoked(queues: list[int]) -> None:
+            journal.extend((name, "revoked", q) for q in queues)
+
+        return Hooks(on_assigned=assigned, on_revoked=revoked)
+
+    async def scenario(group: Group) -> None:
+        await group.join("a", hooks=hooks("a"))
+        await until(lambda: len(group.members["a"].client.stats.active) == CONFIG.queue_count)
+        group.delay = 0.005
+        await group.publish(100)
+        await group.join("b", hooks=hooks("b"))
+        await group.balanced()
+        await group.publish(100)
+        await until(lambda: group.handled() == group.published)
+        moved.update(group.members["b"].client.stats.active)
+        await group.settle()
+
+    moved: set[int] = set()
+    group = run(scenario)
+    group.check_once()
+    group.check_in_order()
+    assert len(moved) == CONFIG.queue_count // 2
+    for queue in moved:
+        revoked = journal.index(("a", "revoked", queue))
+        assert revoked < journal.index(("b", "assigned", queue)), f"queue {queue}: out of order"
+
+
+def test_a_foreign_producers_events_reach_the_handler_byte_for_byte_in_order() -> None:
+    """No lbg headers, any bytes (not JSON, not UTF-8), the producer's own headers kept."""
+    sent: dict[str, list[tuple[bytes, str | None]]] = {}
+    received: dict[str, list[tuple[bytes, str | None]]] = {}
+
+    async def recording(event: Event, context: Context) -> None:
+        assert event.seq is None
+        received.setdefault(event.key, []).append((event.body, event.headers.get("x-source")))
+
+    async def scenario(group: Group) -> None:
+        await group.join("a")
+        await group.join("b")
+        await group.balanced()
+        producer = await connect_broker(BrokerSettings(url=URL), "foreign")
+        rng = random.Random(7)
+        for i in range(150):
+            key = f"device-{i % 9}"
+            body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+            destination = event_destination(CONFIG.hash_prefix, CONFIG.bucket_for_key(key), key)
+            await producer.publish(destination, body, {"x-source": f"{key}/{i}"})
+            sent.setdefault(key, []).append((body, f"{key}/{i}"))
+        total = sum(len(events) for events in sent.values())
+        await until(lambda: sum(len(events) for events in received.values()) == total)
+        for name in list(group.members):
+            await group.leave(name)
+
+    group = Group()
+    group.handle = recording  # type: ignore[method-assign]
+    run(scenario, group)
+    assert received == sent
 
 
 # A run: steps of publishing, a member joining, leaving cleanly or crashing.

@@ -384,7 +384,6 @@ class LoopBinding(EpochBinding):
             self._stop_asking()
         elif not self._closed:
             self._running.set()
-            self._wake.set()
 
     def owns(self, delivery: Delivery) -> bool:
         if delivery.epoch != self._epoch or not self._active:
@@ -404,7 +403,6 @@ class LoopBinding(EpochBinding):
         await asyncio.sleep(standby_delay)
         if not self._closed:
             self._running.set()
-            self._wake.set()
 
     async def close(self) -> None:
         if self._closed:

@@ -37,6 +37,14 @@ CLIENT_PASSWORD_ENV = "LBG_CLIENT_PASSWORD"
 PUBLISHER_PASSWORD_ENV = "LBG_PUBLISHER_PASSWORD"
 
 
+force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="RabbitMQ: take over an existing user that cg-admin did not create (its other"
+    " tags stay; its permissions are replaced).",
+)
+
+
 def _settings(ctx: click.Context, **group_overrides: object) -> AdminConfig:
     overrides = {
         "broker.url": ctx.obj["broker_url"],
@@ -156,12 +164,7 @@ def _connection_flags_here_too(command: click.Command) -> None:
     help=f"RabbitMQ / Solace: create the CU user with this password if it does not exist "
     f"(else ${CLIENT_PASSWORD_ENV}; with neither, an existing CU only gets permissions).",
 )
-@click.option(
-    "--force",
-    is_flag=True,
-    help="RabbitMQ: take over an existing user that cg-admin did not create (its other"
-    " tags stay; its permissions are replaced).",
-)
+@force_option
 @click.pass_context
 def create(
     ctx: click.Context,
@@ -350,12 +353,7 @@ def resize(ctx: click.Context, group: str, queue_count: int) -> None:
     help=f"Create the user with this password if it does not exist "
     f"(else ${PUBLISHER_PASSWORD_ENV}; with neither, the user must exist).",
 )
-@click.option(
-    "--force",
-    is_flag=True,
-    help="RabbitMQ: take over an existing user that cg-admin did not create (its other"
-    " tags stay; its permissions are replaced).",
-)
+@force_option
 @click.pass_context
 def grant_publisher(
     ctx: click.Context, group: str, user: str, password_file: TextIO | None, force: bool

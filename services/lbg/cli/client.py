@@ -9,19 +9,11 @@ import click
 from lbg.api import Client
 from lbg.cli.common import (
     CONTEXT,
-    broker_option,
-    config_option,
-    connect_retry_option,
-    group_option,
-    load,
-    log_format_option,
-    metrics_port_option,
+    DaemonFlags,
+    daemon_options,
     one_line_errors,
-    quiet_option,
     run,
     settings_defaults,
-    setup_logging,
-    verbose_option,
     version_option,
 )
 from lbg.handlers import load_handler
@@ -33,10 +25,7 @@ from lbg.settings import ClientConfig
 @settings_defaults(ClientConfig)
 @click.command(context_settings=CONTEXT)
 @version_option("lbg-client")
-@config_option
-@broker_option
-@connect_retry_option
-@group_option
+@daemon_options
 @click.option("--id", "client_id", help="Client identity in logs and reports [default: host-pid].")
 @click.option(
     "--client-index", "index", type=int, help="Static mode: this client's index (0-based)."
@@ -51,15 +40,8 @@ from lbg.settings import ClientConfig
 @click.option("--handler", help="module:function called for each event (sync or async).")
 @click.option("--retries", type=int, help="Handler retries before a message is dead-lettered.")
 @click.option("--window", type=int, help="Events in flight per queue (keys concurrent, in order).")
-@metrics_port_option
-@log_format_option
-@verbose_option
-@quiet_option
 def main(
-    config_path: str | None,
-    broker_url: str | None,
-    connect_retry_for: float | None,
-    group_name: str | None,
+    flags: DaemonFlags,
     client_id: str | None,
     index: int | None,
     count: int | None,
@@ -68,10 +50,6 @@ def main(
     handler: str | None,
     retries: int | None,
     window: int | None,
-    metrics_port: int | None,
-    logging_format: str | None,
-    verbose: int,
-    quiet: bool,
 ) -> None:
     """Bind every queue of the group; the broker makes one bound client per queue active.
 
@@ -86,13 +64,7 @@ def main(
     Each event is acked only after the handler succeeded; after --retries failures it goes
     to the group's dead-letter destination with the reason. SIGTERM hands over cleanly.
     """
-    setup_logging(verbose, quiet)
     overrides = {
-        "broker.url": broker_url,
-        "broker.connect_retry_for": connect_retry_for,
-        "metrics.port": metrics_port,
-        "logging.format": logging_format,
-        "group.name": group_name,
         "client.id": client_id,
         "client.index": index,
         "client.count": count,
@@ -102,8 +74,7 @@ def main(
         "client.retries": retries,
         "client.window": window,
     }
-    settings = load(config_path, ClientConfig, overrides)
-    setup_logging(verbose, quiet, settings.logging)
+    settings = flags.load(ClientConfig, overrides)
     with one_line_errors():
         handler_function, hooks = load_handler(settings.client.handler)
         client = Client(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import io
 import logging
@@ -12,7 +13,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -105,6 +106,65 @@ log_format_option = click.option(
     help="Log lines as text or as JSON objects, one per line [config: logging.format].",
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+workdir_option = click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Where daemon logs and broker data go [default: a new temporary folder].",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonFlags:
+    """The flags every daemon shares: its config file, broker, group, metrics and logging."""
+
+    config_path: str | None
+    broker_url: str | None
+    connect_retry_for: float | None
+    group_name: str | None
+    metrics_port: int | None
+    logging_format: str | None
+    verbose: int
+    quiet: bool
+
+    def load(self, schema: type[T], overrides: Mapping[str, Any]) -> T:
+        """The daemon's settings (its config file, these flags and its own `overrides` over
+        it), with logging set up first for the load's errors, then as the settings say."""
+        setup_logging(self.verbose, self.quiet)
+        shared = {
+            "broker.url": self.broker_url,
+            "broker.connect_retry_for": self.connect_retry_for,
+            "metrics.port": self.metrics_port,
+            "logging.format": self.logging_format,
+            "group.name": self.group_name,
+        }
+        settings = load(self.config_path, schema, {**shared, **overrides})
+        setup_logging(self.verbose, self.quiet, settings.logging)
+        return settings
+
+
+# The shared daemon options shown before a daemon's own ones, and after them.
+_LEADING = (config_option, broker_option, connect_retry_option, group_option)
+_TRAILING = (metrics_port_option, log_format_option, verbose_option, quiet_option)
+
+
+def daemon_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add the options every daemon shares around its own and hand them to it as one
+    `flags` argument (DaemonFlags); goes right below the command's `@click.command`."""
+
+    @functools.wraps(command)
+    def with_flags(**kwargs: Any) -> None:
+        shared = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(DaemonFlags)}
+        command(DaemonFlags(**shared), **kwargs)
+
+    # click shows a function's options in the reverse order they were added to it.
+    own = getattr(command, "__click_params__", [])
+    with_flags.__click_params__ = []  # type: ignore[attr-defined]
+    for option in reversed(_TRAILING):
+        option(with_flags)
+    with_flags.__click_params__ += own  # type: ignore[attr-defined]
+    for option in reversed(_LEADING):
+        option(with_flags)
+    return with_flags
 
 
 # The optional extras, by the top-level module that each brings.

@@ -14,19 +14,11 @@ from lbg.api import default_id
 from lbg.cli.common import (
     CONTEXT,
     EXIT_USAGE,
-    broker_option,
-    config_option,
-    connect_retry_option,
+    DaemonFlags,
+    daemon_options,
     fail,
-    group_option,
-    load,
-    log_format_option,
-    metrics_port_option,
-    quiet_option,
     run,
     settings_defaults,
-    setup_logging,
-    verbose_option,
     version_option,
 )
 from lbg.metrics import PUBLISH_SECONDS
@@ -41,10 +33,7 @@ log = logging.getLogger("lbg.publisher")
 @settings_defaults(PublisherConfig)
 @click.command(context_settings=CONTEXT)
 @version_option("hashed-publisher")
-@config_option
-@broker_option
-@connect_retry_option
-@group_option
+@daemon_options
 @click.option("--id", "publisher_id", help="Publisher identity in summaries [default: host-pid].")
 @click.option(
     "--input",
@@ -60,15 +49,8 @@ log = logging.getLogger("lbg.publisher")
     "--summary/--no-summary", default=None, help="Publish the per-key summary at the end."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final stats as one JSON line.")
-@metrics_port_option
-@log_format_option
-@verbose_option
-@quiet_option
 def main(
-    config_path: str | None,
-    broker_url: str | None,
-    connect_retry_for: float | None,
-    group_name: str | None,
+    flags: DaemonFlags,
     publisher_id: str | None,
     input_path: str | None,
     keys: int | None,
@@ -78,23 +60,13 @@ def main(
     window: int | None,
     summary: bool | None,
     as_json: bool,
-    metrics_port: int | None,
-    logging_format: str | None,
-    verbose: int,
-    quiet: bool,
 ) -> None:
     """Publish each event to <HP>/<bucket>/<key>, bucket = hash(key) mod HC, seq per key.
 
     Nothing counts as sent until the broker acknowledged it. At the end a summary (the last
     sequence of every key) goes to the group's summary destination for the validator.
     """
-    setup_logging(verbose, quiet)
     overrides = {
-        "broker.url": broker_url,
-        "broker.connect_retry_for": connect_retry_for,
-        "metrics.port": metrics_port,
-        "logging.format": logging_format,
-        "group.name": group_name,
         "publisher.id": publisher_id,
         "publisher.input": input_path,
         "publisher.keys": keys,
@@ -104,12 +76,13 @@ def main(
         "publisher.window": window,
         "publisher.summary": summary,
     }
-    settings = load(config_path, PublisherConfig, overrides)
-    setup_logging(verbose, quiet, settings.logging)
+    settings = flags.load(PublisherConfig, overrides)
     p = settings.publisher
     name = p.id or default_id("pub")
     if p.input and p.input != "-":
-        _check_readable(p.input, "--input" if input_path else f"{config_path}: [publisher] input")
+        _check_readable(
+            p.input, "--input" if input_path else f"{flags.config_path}: [publisher] input"
+        )
 
     async def publish(stop: asyncio.Event) -> int:
         joined = await join_group(settings.broker, settings.group.name, name, stop)

@@ -7,7 +7,7 @@ import random
 
 import click
 
-from lbg.cli.common import EXPECTED_ERRORS, fail, print_verdict, run_folder
+from lbg.cli.common import EXPECTED_ERRORS, fail, print_verdict, run_folder, workdir_option
 from lbg.devstack.brokers import LOCAL_BROKERS
 
 
@@ -60,11 +60,7 @@ from lbg.devstack.brokers import LOCAL_BROKERS
 )
 @click.option("--no-broker-restart", is_flag=True, help="Do not restart the broker halfway.")
 @click.option("--seed", type=int, help="Seed of the fault sequence, to replay a run.")
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False),
-    help="Where daemon logs and broker data go [default: a new temporary folder].",
-)
+@workdir_option
 @click.option(
     "--json",
     "as_json",

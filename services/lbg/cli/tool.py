@@ -33,6 +33,7 @@ from lbg.cli.common import (
     setup_logging,
     verbose_option,
     version_option,
+    workdir_option,
 )
 from lbg.cli.local import autoscale, local
 from lbg.cli.parking import parked, unpark
@@ -148,11 +149,7 @@ def broker(port: int, host: str, data_dir: str | None) -> None:
     show_default=True,
     help="How often clients release secondary queues (the original used 30-60 s).",
 )
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False),
-    help="Where daemon logs and broker data go [default: a new temporary folder].",
-)
+@workdir_option
 @click.option(
     "--json",
     "as_json",

@@ -13,18 +13,10 @@ import orjson
 from lbg.api import default_id
 from lbg.cli.common import (
     CONTEXT,
-    broker_option,
-    config_option,
-    connect_retry_option,
-    group_option,
-    load,
-    log_format_option,
-    metrics_port_option,
-    quiet_option,
+    DaemonFlags,
+    daemon_options,
     run,
     settings_defaults,
-    setup_logging,
-    verbose_option,
     version_option,
 )
 from lbg.liveview import LiveView, serve_live_view
@@ -39,10 +31,7 @@ log = logging.getLogger("lbg.validator")
 @settings_defaults(ValidatorConfig)
 @click.command(context_settings=CONTEXT)
 @version_option("validation-client")
-@config_option
-@broker_option
-@connect_retry_option
-@group_option
+@daemon_options
 @click.option("--report-json", help="Write the final report to this file as JSON.")
 @click.option(
     "--strict/--no-strict", default=None, help="Exit 1 if anything was lost or reordered."
@@ -58,24 +47,13 @@ log = logging.getLogger("lbg.validator")
     type=click.IntRange(0, 65535),
     help="Serve the live view (queue x client grid, handovers, counts) on this port.",
 )
-@metrics_port_option
-@log_format_option
-@verbose_option
-@quiet_option
 def main(
-    config_path: str | None,
-    broker_url: str | None,
-    connect_retry_for: float | None,
-    group_name: str | None,
+    flags: DaemonFlags,
     report_json: str | None,
     strict: bool | None,
     progress_interval: float | None,
     idle_exit: float | None,
     web_port: int | None,
-    metrics_port: int | None,
-    logging_format: str | None,
-    verbose: int,
-    quiet: bool,
 ) -> None:
     """Read what the LBG clients processed and check each key's sequence.
 
@@ -83,21 +61,14 @@ def main(
     highest seen, never seen before). With the publishers' summaries it counts what was
     lost. Runs until SIGTERM/SIGINT (or --idle-exit), then prints the report.
     """
-    setup_logging(verbose, quiet)
     overrides = {
-        "broker.url": broker_url,
-        "broker.connect_retry_for": connect_retry_for,
-        "metrics.port": metrics_port,
-        "logging.format": logging_format,
-        "group.name": group_name,
         "validator.report_json": report_json,
         "validator.strict": strict,
         "validator.progress_interval": progress_interval,
         "validator.idle_exit": idle_exit,
         "validator.web_port": web_port,
     }
-    settings = load(config_path, ValidatorConfig, overrides)
-    setup_logging(verbose, quiet, settings.logging)
+    settings = flags.load(ValidatorConfig, overrides)
     v = settings.validator
 
     async def validate(stop: asyncio.Event) -> int:
