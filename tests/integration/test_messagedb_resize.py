@@ -15,7 +15,7 @@ from tests.support.processes import cli, run_validator, wait_for_log
 
 from lbg.broker.messagedb import generations
 from lbg.devstack.brokers import BrokerEndpoint
-from lbg.devstack.deployment import LocalDeployment, script
+from lbg.devstack.deployment import LocalDeployment
 
 
 @pytest.fixture
@@ -139,17 +139,3 @@ def test_resize_refuses_a_size_that_does_not_divide_the_hash_count(
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "QC (queue count) 5" in result.stderr and "HC (hash count) 24" in result.stderr
-
-
-def test_resize_is_refused_on_other_brokers(nats_url: str) -> None:
-    import subprocess
-
-    result = subprocess.run(
-        [script("cg-admin"), "--broker-url", nats_url, "resize", "g", "--queues", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert "only Message DB groups" in result.stderr

@@ -34,6 +34,7 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
+    NoStreamResponseError,
     NotFoundError,
 )
 from nats.js.errors import Error as JetStreamError
@@ -48,14 +49,18 @@ from lbg.broker.base import (
     PublishError,
     QueueBinding,
     QueueStatus,
+    Resize,
     StateListener,
     UndeliverableEvent,
 )
-from lbg.broker.nats import jsapi
+from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
+from lbg.broker.nats.stints import GroupStints, Stint, StintBinding
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
+from lbg.model.generations import Generation
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import event_digest
 from lbg.settings import BrokerSettings
@@ -112,15 +117,6 @@ def inbox_prefix(user: str | None) -> str:
     `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
     Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
     return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
-
-
-def consumer_name(queue: int) -> str:
-    return f"q{queue}"
-
-
-def bucket_filters(config: GroupConfig, queue: int) -> list[str]:
-    """The queue's subscriptions: `<HP>.<b>.>` for each of its buckets."""
-    return [f"{config.hash_prefix}.{b}.>" for b in config.buckets_for_queue(queue)]
 
 
 async def claim_epoch(owners: KeyValue, key: str, record: bytes) -> int:
@@ -228,6 +224,7 @@ def _explain(error: str) -> str:
 class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
+    resizable = True
     publisher_users_hint = (
         "NATS users live in the server config: render them with"
         " python -m lbg.broker.nats.permissions --publisher-user U"
@@ -313,8 +310,12 @@ class NatsBroker(Broker):
                 StreamConfig(
                     name=events_stream(name),
                     # One subject per bucket: an event to a bucket outside HC is refused
-                    # (no stream answers), rather than stored where no queue reads it.
-                    subjects=[f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)],
+                    # (no stream answers), rather than stored where no queue reads it; and
+                    # the resize markers (generations.py).
+                    subjects=[
+                        *(f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)),
+                        marker_subject(config.hash_prefix),
+                    ],
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
@@ -336,15 +337,7 @@ class NatsBroker(Broker):
                 await jsapi.create_consumer(
                     self._nc,
                     events_stream(name),
-                    jsapi.pinned_consumer_config(
-                        consumer_name(queue),
-                        bucket_filters(config, queue),
-                        PRIORITY_GROUP if config.exclusive else None,
-                        self._priority_timeout,
-                        max_ack_pending=1000,
-                        ack_wait=ACK_WAIT,
-                        replicas=config.replicas,
-                    ),
+                    self._consumer_config(config, queue, consumer_name(queue), None),
                 )
             # Here, so clients never need to create it.
             await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
@@ -355,6 +348,45 @@ class NatsBroker(Broker):
                 with contextlib.suppress(Exception):
                     await self._js.delete_stream(stream)
             raise GroupExists(f"cannot create group '{name}': {exc}") from None
+
+    def _consumer_config(
+        self, config: GroupConfig, queue: int, name: str, start: int | None
+    ) -> dict[str, object]:
+        """The durable consumer of one queue, reading from stream sequence `start` if given."""
+        return jsapi.pinned_consumer_config(
+            name,
+            bucket_filters(config, queue),
+            PRIORITY_GROUP if config.exclusive else None,
+            self._priority_timeout,
+            max_ack_pending=1000,
+            ack_wait=ACK_WAIT,
+            replicas=config.replicas,
+            start=start,
+        )
+
+    async def resize_group(self, name: str, queue_count: int) -> Resize:
+        """Switch the group to `queue_count` queues at a marker in its stream (generations.py)."""
+        await self.read_group(name)
+        configs = await self._bucket(CONFIG_BUCKET, create=False)
+        stream = events_stream(name)
+
+        async def publish(subject: str, headers: dict[str, str]) -> int:
+            ack = await self._js.publish(subject, b"", headers=headers)
+            return int(ack.seq)
+
+        try:
+            return await generations.resize(
+                self._nc, configs, name, queue_count, publish, stream, self._consumer_config
+            )
+        except NoStreamResponseError:
+            raise BrokerError(
+                f"group '{name}' was created before NATS groups could be resized (its stream "
+                f"has no subject {marker_subject((await self.read_group(name)).hash_prefix)})"
+            ) from None
+        except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
+            raise BrokerError(
+                f"cannot resize group '{name}': {exc or type(exc).__name__}"
+            ) from None
 
     async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
         try:
@@ -386,7 +418,7 @@ class NatsBroker(Broker):
         except (NotFoundError, NoKeysError):
             return {}
         groups = {}
-        for name in sorted(names):
+        for name in sorted(n for n in names if not n.endswith(generations.HISTORY_SUFFIX)):
             with contextlib.suppress(GroupNotFound, BrokerError):
                 groups[name] = await self.read_group(name)
         return groups
@@ -401,20 +433,24 @@ class NatsBroker(Broker):
             for key in await owners.keys():
                 if key.startswith(f"{name}."):
                     await owners.purge(key)
-        await (await self._bucket(CONFIG_BUCKET)).purge(name)
+        configs = await self._bucket(CONFIG_BUCKET)
+        with contextlib.suppress(NotFoundError):
+            await configs.purge(generations.history_key(name))
+        await configs.purge(name)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
         owners = await self._owners(name)
         status = []
         for queue in range(config.queue_count):
-            info = await jsapi.consumer_info(self._nc, events_stream(name), consumer_name(queue))
+            consumer = consumer_name(queue, config.generation)
+            info = await jsapi.consumer_info(self._nc, events_stream(name), consumer)
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
             status.append(
                 QueueStatus(
                     queue=queue,
-                    name=f"{name}/{consumer_name(queue)}",
+                    name=f"{name}/{consumer}",
                     buckets=config.buckets_for_queue(queue),
                     backlog=int(info.get("num_pending", 0)),
                     in_flight=int(info.get("num_ack_pending", 0)),
@@ -422,6 +458,10 @@ class NatsBroker(Broker):
                 )
             )
         return status
+
+    async def draining(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        configs = await self._bucket(CONFIG_BUCKET, create=False)
+        return await generations.draining(self._nc, configs, events_stream(name), name, config)
 
     async def _owners(self, group: str) -> dict[int, dict]:
         owners = await self._bucket(OWNERS_BUCKET)
@@ -468,34 +508,63 @@ class NatsBroker(Broker):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> QueueBinding:
-        stream, consumer = events_stream(group), consumer_name(queue)
+        stream, hash_prefix = events_stream(group), config.hash_prefix
+        await self._consumer_settings(group, queue, consumer_name(queue, config.generation))
+        owners = await self._bucket(OWNERS_BUCKET)
+
+        async def history() -> list[Generation]:
+            configs = await self._bucket(CONFIG_BUCKET, create=False)
+            return (await generations.load(configs, group, await self.read_group(group)))[0]
+
+        async def open_stint(
+            stint: Stint, preferred: bool, on_change: StateListener | None
+        ) -> NatsQueueBinding:
+            generation, member = stint
+            consumer = consumer_name(member, generation.index)
+            priority_timeout, ack_all = await self._consumer_settings(group, queue, consumer)
+
+            async def claim(pin: str) -> int:
+                record = orjson.dumps({"client": client_id, "pin": pin, "consumer": consumer})
+                return await claim_epoch(owners, f"{group}.{queue}", record)
+
+            async def find_end() -> int | None:
+                if generation.end is not None:
+                    return generation.end
+                return await generations.end_of(self._nc, stream, hash_prefix, generation)
+
+            binding = NatsQueueBinding(
+                self._nc,
+                stream,
+                consumer,
+                queue,
+                pinned=config.exclusive,
+                priority_timeout=priority_timeout,
+                preferred=preferred,
+                on_change=on_change,
+                claim=claim,
+                ack_all=ack_all,
+                ends=(marker_subject(hash_prefix), generation.index, find_end)
+                if config.exclusive
+                else None,
+            )
+            binding.end = generation.end
+            return binding
+
+        stints = GroupStints(self._nc, stream, config.hash_count, history, open_stint)
+        return StintBinding(queue, stints, await history(), preferred, on_change)
+
+    async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
+        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all)."""
+        stream = events_stream(group)
         try:
             info = await jsapi.consumer_info(self._nc, stream, consumer)
         except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
             refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
             reason = refused or exc or "no answer"
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        owners = await self._bucket(OWNERS_BUCKET)
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
-        priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
-
-        async def claim(pin: str) -> int:
-            record = orjson.dumps({"client": client_id, "pin": pin})
-            return await claim_epoch(owners, f"{group}.{queue}", record)
-
-        return NatsQueueBinding(
-            self._nc,
-            events_stream(group),
-            consumer_name(queue),
-            queue,
-            pinned=config.exclusive,
-            priority_timeout=priority_timeout,
-            preferred=preferred,
-            on_change=on_change,
-            claim=claim,
-            ack_all=ack_all,
-        )
+        return (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

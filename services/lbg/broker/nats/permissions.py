@@ -31,6 +31,7 @@ from lbg.broker.nats.adapter import (
     events_stream,
     inbox_prefix,
 )
+from lbg.broker.nats.generations import history_key
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
@@ -44,6 +45,7 @@ def read_config_subjects(group: str) -> list[str]:
     return [
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.$KV.{CONFIG_BUCKET}.{group}",
+        f"$JS.API.DIRECT.GET.{stream}.$KV.{CONFIG_BUCKET}.{history_key(group)}",
     ]
 
 
@@ -68,7 +70,11 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
     control = f"{CONTROL_PREFIX}.{group}.>"
     publish = [
         *read_config_subjects(group),
-        *(f"$JS.API.CONSUMER.{verb}.{stream}.*" for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET")),
+        *(
+            f"$JS.API.CONSUMER.{verb}.{stream}.*"
+            for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET", "DELETE")
+        ),
+        f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.ACK.{stream}.>",
         f"$JS.API.STREAM.INFO.KV_{OWNERS_BUCKET}",
         f"$JS.API.DIRECT.GET.KV_{OWNERS_BUCKET}.$KV.{OWNERS_BUCKET}.{group}.*",
