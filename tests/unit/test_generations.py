@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from lbg.broker.base import BrokerError
 from lbg.broker.memory.adapter import MemoryBroker
 from lbg.broker.memory.store import MemoryStore
+from lbg.broker.rabbitmq.adapter import RabbitBroker
 from lbg.model import generations
 from lbg.model.generations import Generation, members_for, sources
 from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
 
 
 @given(st.integers(1, 12), st.integers(1, 12))
@@ -69,3 +71,19 @@ def test_a_broker_that_cannot_resize_says_which_can() -> None:
     broker = MemoryBroker(MemoryStore("resize"), "admin", 1.0)
     with pytest.raises(BrokerError, match=r"only NATS JetStream groups .* or Message DB groups"):
         asyncio.run(broker.resize_group("g", 2))
+
+
+def test_rabbitmq_refuses_a_resize_in_one_line_saying_why() -> None:
+    async def refuse() -> str:
+        broker = RabbitBroker(BrokerSettings(url="amqp://127.0.0.1:1/"), "admin")
+        try:
+            with pytest.raises(BrokerError) as refused:
+                await broker.resize_group("g", 8)
+        finally:
+            await broker.close()
+        return str(refused.value)
+
+    message = asyncio.run(refuse())
+    assert "\n" not in message
+    assert "RabbitMQ groups cannot be resized safely" in message
+    assert "share no sequence" in message
