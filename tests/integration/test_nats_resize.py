@@ -132,3 +132,35 @@ def test_resize_refuses_more_queues_than_buckets(nats_url: str, group: str) -> N
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "QC (queue count) 25" in result.stderr and "HC (hash count) 24" in result.stderr
+
+
+def _status(url: str, group: str, *flags: str) -> str:
+    return cli("lbg", "status", "--broker-url", url, "--group", group, *flags).stdout
+
+
+def test_status_shows_the_old_queues_draining_until_a_client_has_drained_them(
+    nats_url: str, group: str, deployment: LocalDeployment
+) -> None:
+    """Events published before a resize with no client running wait in the old consumers,
+    which `lbg status` lists as draining; the first client drains them, in order, and they go."""
+    publisher = deployment.start_publisher(
+        "pub", "--keys", "20", "--rate", "200", "--duration", "2"
+    )
+    assert publisher.wait(30) == 0, publisher.log_tail()
+    cli("cg-admin", "--broker-url", nats_url, "resize", group, "--queues", "2")
+    draining = orjson.loads(_status(nats_url, group, "--json"))["draining"]
+    assert [d["name"].split()[0] for d in draining] == [f"{group}/q{q}" for q in range(4)]
+    assert sum(d["backlog"] for d in draining) > 400
+    text = _status(nats_url, group)
+    assert "generation 1" in text.splitlines()[0]
+    assert f"draining: {group}/q0 (generation 0, acked up to 0 of " in text
+
+    client = deployment.start("a", "lbg-client", "--id", "a")
+    deadline = time.monotonic() + 20
+    while orjson.loads(_status(nats_url, group, "--json"))["draining"]:
+        assert time.monotonic() < deadline, _status(nats_url, group)
+        time.sleep(0.3)
+    assert _consumers(nats_url, group) == ["g1q0", "g1q1"]
+    report = run_validator(deployment, timeout=60)
+    assert client.running
+    assert (report["lost"], report["reordered"], report["duplicates"]) == (0, 0, 0), report
