@@ -48,7 +48,7 @@ TAG_SEARCH = 64
 PROGRESS_SECONDS = 5.0
 RESULT_SCHEMA = (
     "partition int, attempt int, publisher string, rows long, acked long, rejected long,"
-    " keys long, retried long, started double, seconds double"
+    " keys long, retried long, started double, seconds double, waited double"
 )
 
 
@@ -83,6 +83,7 @@ class PartitionResult:
     retried: int
     started: float
     seconds: float
+    waited: float  # of `seconds`, before Spark handed the task its first rows (shuffle, sort)
 
 
 @dataclass
@@ -270,11 +271,15 @@ async def _rows(
     key_column: str,
     stats: PublishStats,
     partition: int,
+    first_rows: list[float],
 ) -> AsyncIterator[tuple[str, bytes]]:
-    """(key, row as JSON) pairs from Arrow batches, read in a thread so acks keep flowing."""
+    """(key, row as JSON) pairs from Arrow batches, read in a thread so acks keep flowing;
+    appends the time the first batch arrived to `first_rows`."""
     started = time.monotonic()
     next_progress = started + PROGRESS_SECONDS
     while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+        if not first_rows:
+            first_rows.append(time.monotonic())
         for row in batch.drop_columns([PARTITION_COLUMN]).to_pylist():
             try:
                 key = check_key(row[key_column])
@@ -303,12 +308,14 @@ async def publish_rows(
     publisher_id: str,
     partition: int,
     window: int,
+    first_rows: list[float] | None = None,
 ) -> PublishStats:
     """Publish one partition's rows through the hashed publisher; then its per-key summary."""
     broker = await connect_broker(settings, publisher_id)
     try:
         publisher = HashedPublisher(broker, group, config, publisher_id, window=window)
-        events = _rows(batches, key_column, publisher.stats, partition)
+        arrived = first_rows if first_rows is not None else []
+        events = _rows(batches, key_column, publisher.stats, partition, arrived)
         stats = await publisher.run(events, progress_interval=float("inf"))
         if stats.last_seq:
             await publisher.publish_summary()
@@ -350,6 +357,7 @@ def partition_publisher(
         publisher_id = f"{options.run_id}-p{partition:04d}"
         started_at = time.time()
         started = time.monotonic()
+        first_rows: list[float] = []
         stats = uvloop.run(
             publish_rows(
                 batches,
@@ -360,9 +368,11 @@ def partition_publisher(
                 publisher_id,
                 partition,
                 options.window,
+                first_rows,
             )
         )
         seconds = time.monotonic() - started
+        waited = (first_rows[0] if first_rows else started + seconds) - started
         acked_so_far.add(stats.acked)
         rows = stats.acked + stats.rejected_input
         if rows:
@@ -386,6 +396,7 @@ def partition_publisher(
                     "retried": stats.retried,
                     "started": started_at,
                     "seconds": seconds,
+                    "waited": waited,
                 }
             ],
             schema=_RESULT_ARROW,
@@ -406,6 +417,7 @@ _RESULT_ARROW = pa.schema(
         ("retried", pa.int64()),
         ("started", pa.float64()),
         ("seconds", pa.float64()),
+        ("waited", pa.float64()),
     ]
 )
 
