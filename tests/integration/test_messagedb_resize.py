@@ -4,14 +4,13 @@ finds nothing lost or reordered."""
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import orjson
 import pytest
-from tests.support.processes import cli, run_validator, wait_for_log
+from tests.support.processes import cli, resizable_group, run_validator, wait_for_log
 
 from lbg.broker.messagedb import generations
 from lbg.devstack.brokers import BrokerEndpoint
@@ -20,23 +19,8 @@ from lbg.devstack.deployment import LocalDeployment
 
 @pytest.fixture
 def group(messagedb: BrokerEndpoint) -> Iterator[str]:
-    name = f"r{uuid.uuid4().hex[:10]}"
-    cli(
-        "cg-admin",
-        "--broker-url",
-        messagedb.url,
-        "create",
-        "--group",
-        name,
-        "--hash-prefix",
-        name,
-        "--hash-count",
-        "24",
-        "--queue-count",
-        "2",
-    )
-    yield name
-    cli("cg-admin", "--broker-url", messagedb.url, "delete", name, check=False)
+    with resizable_group(messagedb.url, 2) as name:
+        yield name
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ lost or reordered."""
 import asyncio
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import nats
 import orjson
 import pytest
-from tests.support.processes import cli, run_validator, wait_for_log
+from tests.support.processes import cli, resizable_group, run_validator, wait_for_log
 
 from lbg.broker.nats.adapter import events_stream
 from lbg.devstack.deployment import LocalDeployment
@@ -21,23 +20,8 @@ from lbg.devstack.deployment import LocalDeployment
 
 @pytest.fixture
 def group(nats_url: str) -> Iterator[str]:
-    name = f"r{uuid.uuid4().hex[:10]}"
-    cli(
-        "cg-admin",
-        "--broker-url",
-        nats_url,
-        "create",
-        "--group",
-        name,
-        "--hash-prefix",
-        name,
-        "--hash-count",
-        "24",
-        "--queue-count",
-        "4",
-    )
-    yield name
-    cli("cg-admin", "--broker-url", nats_url, "delete", name, check=False)
+    with resizable_group(nats_url, 4) as name:
+        yield name
 
 
 @pytest.fixture
