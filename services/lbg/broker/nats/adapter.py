@@ -350,14 +350,19 @@ class NatsBroker(Broker):
             raise GroupExists(f"cannot create group '{name}': {exc}") from None
 
     def _consumer_config(
-        self, config: GroupConfig, queue: int, name: str, start: int | None
+        self,
+        config: GroupConfig,
+        queue: int,
+        name: str,
+        start: int | None,
+        priority_timeout: float | None = None,
     ) -> dict[str, object]:
         """The durable consumer of one queue, reading from stream sequence `start` if given."""
         return jsapi.pinned_consumer_config(
             name,
             bucket_filters(config, queue),
             PRIORITY_GROUP if config.exclusive else None,
-            self._priority_timeout,
+            priority_timeout or self._priority_timeout,
             max_ack_pending=1000,
             ack_wait=ACK_WAIT,
             replicas=config.replicas,
@@ -365,28 +370,30 @@ class NatsBroker(Broker):
         )
 
     async def resize_group(self, name: str, queue_count: int) -> Resize:
-        """Switch the group to `queue_count` queues at a marker in its stream (generations.py)."""
-        await self.read_group(name)
+        """Switch the group to `queue_count` queues at a marker in its stream (generations.py);
+        the new consumers keep the current ones' priority timeout."""
+        config = await self.read_group(name)
         configs = await self._bucket(CONFIG_BUCKET, create=False)
-        stream = events_stream(name)
+        timeout, _ = await self._consumer_settings(name, 0, consumer_name(0, config.generation))
 
         async def publish(subject: str, headers: dict[str, str]) -> int:
-            ack = await self._js.publish(subject, b"", headers=headers)
-            return int(ack.seq)
+            return int((await self._js.publish(subject, b"", headers=headers)).seq)
+
+        def consumer_config(new: GroupConfig, queue: int, consumer: str, start: int) -> dict:
+            return self._consumer_config(new, queue, consumer, start, timeout)
 
         try:
             return await generations.resize(
-                self._nc, configs, name, queue_count, publish, stream, self._consumer_config
+                self._nc, configs, name, queue_count, publish, events_stream(name), consumer_config
             )
         except NoStreamResponseError:
             raise BrokerError(
                 f"group '{name}' was created before NATS groups could be resized (its stream "
-                f"has no subject {marker_subject((await self.read_group(name)).hash_prefix)})"
+                f"has no subject {marker_subject(config.hash_prefix)})"
             ) from None
         except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
-            raise BrokerError(
-                f"cannot resize group '{name}': {exc or type(exc).__name__}"
-            ) from None
+            reason = exc or type(exc).__name__
+            raise BrokerError(f"cannot resize group '{name}': {reason}") from None
 
     async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
         try:
@@ -508,7 +515,7 @@ class NatsBroker(Broker):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> QueueBinding:
-        stream, hash_prefix = events_stream(group), config.hash_prefix
+        stream = events_stream(group)
         await self._consumer_settings(group, queue, consumer_name(queue, config.generation))
         owners = await self._bucket(OWNERS_BUCKET)
 
@@ -527,11 +534,6 @@ class NatsBroker(Broker):
                 record = orjson.dumps({"client": client_id, "pin": pin, "consumer": consumer})
                 return await claim_epoch(owners, f"{group}.{queue}", record)
 
-            async def find_end() -> int | None:
-                if generation.end is not None:
-                    return generation.end
-                return await generations.end_of(self._nc, stream, hash_prefix, generation)
-
             binding = NatsQueueBinding(
                 self._nc,
                 stream,
@@ -543,14 +545,12 @@ class NatsBroker(Broker):
                 on_change=on_change,
                 claim=claim,
                 ack_all=ack_all,
-                ends=(marker_subject(hash_prefix), generation.index, find_end)
-                if config.exclusive
-                else None,
+                ends=stints.ends(generation) if config.exclusive else None,
             )
             binding.end = generation.end
             return binding
 
-        stints = GroupStints(self._nc, stream, config.hash_count, history, open_stint)
+        stints = GroupStints(self._nc, stream, config, history, open_stint)
         return StintBinding(queue, stints, await history(), preferred, on_change)
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:

@@ -31,7 +31,7 @@ from lbg.broker.nats.adapter import (
     events_stream,
     inbox_prefix,
 )
-from lbg.broker.nats.generations import history_key
+from lbg.broker.nats.generations import history_key, marker_subject
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
@@ -55,13 +55,17 @@ def replies(user: str) -> str:
 
 
 def publisher_permissions(group: str, hash_prefix: str, user: str) -> dict[str, Any]:
-    """The group's events and its summary; nothing else, and no subscription but its replies."""
+    """The group's events and its summary; nothing else (not the resize markers, which end a
+    generation), and no subscription but its replies."""
     publish = [
         f"{hash_prefix}.>",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.SUMMARY.value}",
         *read_config_subjects(group),
     ]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user)]}}
+    return {
+        "publish": {"allow": publish, "deny": [marker_subject(hash_prefix)]},
+        "subscribe": {"allow": [replies(user)]},
+    }
 
 
 def client_permissions(group: str, user: str) -> dict[str, Any]:

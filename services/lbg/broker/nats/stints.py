@@ -23,8 +23,9 @@ from lbg.aio import cancel_and_wait
 from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import consumer_of
-from lbg.broker.nats.binding import NatsQueueBinding
+from lbg.broker.nats.binding import FindEnd, NatsQueueBinding
 from lbg.model.generations import Generation, members_for, sources
+from lbg.model.group import GroupConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,24 @@ class GroupStints:
 
     nc: Client
     stream: str
-    hash_count: int
+    config: GroupConfig
     history: Callable[[], Awaitable[list[Generation]]]
     open: Callable[[Stint, bool, StateListener | None], Awaitable[NatsQueueBinding]]
 
     def name(self, stint: Stint) -> str:
         return generations.consumer_name(stint[1], stint[0].index)
+
+    def ends(self, generation: Generation) -> tuple[str, int, FindEnd]:
+        """What a binding of `generation` needs to stop at its end marker (binding.py)."""
+
+        async def find_end() -> int | None:
+            if generation.end is not None:
+                return generation.end
+            prefix = self.config.hash_prefix
+            return await generations.end_of(self.nc, self.stream, prefix, generation)
+
+        marker = generations.marker_subject(self.config.hash_prefix)
+        return marker, generation.index, find_end
 
     async def drained(self, stint: Stint) -> bool:
         """The consumer of a finished generation acked everything up to its end (or is gone)."""
@@ -210,15 +223,21 @@ class StintBinding(QueueBinding):
             return
 
     async def _is_drained(self, stint: Stint) -> bool:
+        """Whether an old consumer is drained; one found drained that this queue does not serve
+        is deleted by whoever finds it first (its owner may be gone); `_finish` deletes the
+        one it serves after letting it go."""
         key = (stint[0].index, stint[1])
         if key not in self._drained and await self._group.drained(stint):
             self._drained.add(key)
+            if stint != self._stint:
+                with contextlib.suppress(*ERRORS):
+                    await self._group.delete(stint)
         return key in self._drained
 
     async def _sources_drained(self, stint: Stint) -> bool:
         """Every older consumer that carried a bucket of this stint is drained."""
         generation, member = stint
-        buckets = list(range(member, self._group.hash_count, generation.size))
+        buckets = list(range(member, self._group.config.hash_count, generation.size))
         for older in self._history[: generation.index]:
             for source in sources(buckets, older):
                 if not await self._is_drained((older, source)):
