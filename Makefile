@@ -93,7 +93,7 @@ scale: $(STAMP)  ## set the local stack's client count at run time: make scale N
 	@test -n "$(N)" || { echo "usage: make scale N=<clients>"; exit 2; }
 	$(BIN)/lbg local scale $(N)
 
-autoscale: $(STAMP)  ## scale the local stack's clients from the backlog until Ctrl-C
+autoscale: $(STAMP)  ## scale the local stack's clients on the group's lag (backlog, oldest event) until Ctrl-C
 	$(BIN)/lbg autoscale $(ARGS)
 
 down: $(STAMP)  ## stop the local stack
@@ -122,7 +122,7 @@ spark-cluster: $(STAMP) $(JAVA)  ## a standalone Spark master and 2 workers on l
 spark-cluster-down: $(STAMP)  ## stop what make spark-cluster started
 	$(BIN)/lbg spark-cluster down $(ARGS)
 
-peak: $(STAMP)  ## Locust peak load against an embedded broker; CSV, JSON and plot in var/peak/
+peak: $(STAMP)  ## Locust peak with the autoscaler on; picture, per-second CSV and verdict in var/peak/
 	$(BIN)/python loadtest/run_peak.py $(ARGS)
 
 bench-replay: $(STAMP) $(JAVA)  ## Spark replay rows/s at local[2] and on a 2-worker cluster against the raw hashed publisher

@@ -102,8 +102,13 @@ class AckPublisherProcess:
 publisher: AckPublisherProcess | None = None
 
 
-@events.test_start.add_listener
+@events.init.add_listener
 def start_publisher(environment: Environment, **_kwargs: Any) -> None:
+    """Start the publisher child once, before the peak. Not on test_start: the runner counts
+    as started only once test_start's listeners return, and until then every tick of the
+    shape kills the start and fires test_start again; a child slower than a tick to become
+    ready (a busy machine) was abandoned and a new one started, over and over, and Locust
+    published nothing."""
     global publisher
     options = environment.parsed_options
     publisher_id = f"locust-{uuid.uuid4().hex[:8]}"

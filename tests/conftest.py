@@ -20,12 +20,18 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 from tests.support.solace_env import missing, solace_settings, write_config
 
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.devstack.embedded import EmbeddedNats
 from lbg.devstack.postgres import LocalPostgres, install_message_db, message_db_installed
 from lbg.devstack.rabbitmq import LocalRabbitMQ
+
+# Property tests check what a function returns, not how fast: a busy machine (two xdist
+# workers beside the brokers they start) must not fail one on Hypothesis' 200 ms deadline.
+settings.register_profile("lbg", deadline=None)
+settings.load_profile("lbg")
 
 EXTERNAL_URL_ENV = "LBG_TEST_NATS_URL"
 RABBITMQ_URL_ENV = "LBG_TEST_RABBITMQ_URL"

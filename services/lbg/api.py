@@ -195,6 +195,7 @@ class Client:
                 retry_backoff=o.retry_backoff,
                 window=o.window,
                 hooks=self._hooks,
+                park_after_stalls=o.park_after_stalls,
             )
             return await self._member.run(self._stop)
         finally:

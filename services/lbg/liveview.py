@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 HANDOVERS_KEPT = 200
 RATE_WINDOW_SECONDS = 5.0
+PARKED_SHOWN = 50
 
 
 class LiveView:
@@ -74,8 +75,9 @@ class LiveView:
             return 0.0
         return len(self._arrivals) / max(1.0, min(RATE_WINDOW_SECONDS, now - self._arrivals[0]))
 
-    def state(self, report: Report) -> dict[str, Any]:
-        """Everything the page renders, as JSON-ready data."""
+    def state(self, report: Report, parked: dict[str, set[int]] | None = None) -> dict[str, Any]:
+        """Everything the page renders, as JSON-ready data; `parked`: the parking lot's
+        events per key (the validator's last read of it)."""
         clients = sorted({*report.per_client, *self.owners.values()})
         return {
             "group": self.group,
@@ -85,6 +87,10 @@ class LiveView:
             "handovers": list(self.handovers)[-50:],
             "rate": round(self.rate(), 1),
             "report": report.to_dict(),
+            "parked": [
+                {"key": key, "events": len(seqs)}
+                for key, seqs in sorted((parked or {}).items())[:PARKED_SHOWN]
+            ],
         }
 
 
@@ -164,7 +170,7 @@ async def serve_live_view(
         return web.Response(body=page, content_type="text/html")
 
     async def state(_request: web.Request) -> web.Response:
-        return web.json_response(view.state(validator.report()))
+        return web.json_response(view.state(validator.report(), validator.parked))
 
     app = web.Application(middlewares=[guard])
     app.router.add_get("/", index)

@@ -281,6 +281,7 @@ class ClientSettings:
     lease: float = _bounded(0.7, gt=0)
     lease_margin: float = _bounded(0.15, gt=0)
     stall_timeout: float = _bounded(30.0, gt=0)
+    park_after_stalls: int = _bounded(2, ge=1)
 
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func.

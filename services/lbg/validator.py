@@ -1,7 +1,8 @@
 """The validation client: reads every processed record and checks each key's sequence.
 
 It reads the group's output destinations from the start: processed records (from the LBG
-clients), dead letters, and the publishers' summaries (the last sequence per key), which
+clients), dead letters (skipped events among them), the parking lot's events, and the
+publishers' summaries (the last sequence per key), which
 turn "delivered" into "lost". It logs sequence errors and shard moves like the original.
 """
 
@@ -15,20 +16,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import Broker, OutputMessage
+from lbg.broker.base import Broker, BrokerError, OutputMessage
 from lbg.metrics import Family, counter, gauge
 from lbg.model.destinations import OutputKind
 from lbg.model.messages import (
     REASON_HEADER,
+    SEQ_HEADER,
     MalformedMessage,
     decode_processed,
     decode_summary,
     read_dead_letter,
 )
+from lbg.model.parking import SKIPPED_HEADER
 from lbg.model.sequence import Observation, Outcome, Report, SequenceChecker
 
 log = logging.getLogger(__name__)
 shard_log = logging.getLogger(__name__ + ".shards")
+PARKED_READ_SECONDS = 5.0
 
 QueueChange = Callable[[int, str | None, str, float | None], None]
 ObservationHook = Callable[[Observation], None]
@@ -58,6 +62,10 @@ class Validator:
         self.checker = SequenceChecker()
         self.summaries: dict[str, SummaryParts] = {}
         self.dead: dict[str, set[int]] = {}
+        # Not lost, reported apart: skipped by an operator's unpark --skip-first (a dead letter
+        # marked so), and waiting in the parking lot (read from the broker by run_validator).
+        self.skipped: dict[str, set[int]] = {}
+        self.parked: dict[str, set[int]] = {}
         self.dead_unparsed = 0
         self.unsequenced = 0
         self.malformed_records = 0
@@ -141,6 +149,10 @@ class Validator:
             log.warning("dead letter (no key and sequence): %s", reason)
             return
         key, seq = numbered
+        if SKIPPED_HEADER in message.headers:
+            self.skipped.setdefault(key, set()).add(seq)
+            log.warning("skipped: key %r seq %d: %s", key[:80], seq, reason)
+            return
         self.dead.setdefault(key, set()).add(seq)
         log.warning("dead letter: key %r seq %d: %s", key[:80], seq, reason)
 
@@ -157,8 +169,15 @@ class Validator:
 
     def report(self) -> Report:
         """The current report; `lost` is known once at least one publisher's summary is in."""
-        report = self.checker.report(self.published(), self.dead)
+        excused: dict[str, set[int]] = {}
+        for apart in (self.dead, self.skipped, self.parked):
+            for key, seqs in apart.items():
+                excused[key] = excused.get(key, set()) | seqs
+        report = self.checker.report(self.published(), excused)
         report.unsequenced = self.unsequenced
+        report.dead_lettered = sum(len(seqs) for seqs in self.dead.values())
+        report.skipped = sum(len(seqs) for seqs in self.skipped.values())
+        report.parked = sum(len(seqs) for seqs in self.parked.values())
         return report
 
     @property
@@ -181,11 +200,18 @@ class Validator:
             "handovers": "Times a queue's records started coming from another client.",
             "reassignments": "Events whose key's previous event came from another client.",
             "dead_lettered": "Dead letters seen.",
+            "skipped": "Parked events an operator skipped (unpark --skip-first): not lost.",
             "unsequenced": "Events processed that carried no Lbg-Seq (not order-checked).",
         }
         for name, doc in totals.items():
             yield counter(f"lbg_validator_{name}", doc, group, getattr(report, name))
         yield gauge("lbg_validator_keys", "Keys seen.", group, report.keys)
+        yield gauge(
+            "lbg_validator_parked",
+            "Events waiting in the parking lot: not lost.",
+            group,
+            report.parked,
+        )
         known = report.lost is not None
         yield gauge(
             "lbg_validator_lost_known",
@@ -227,6 +253,8 @@ class Validator:
             f"delivered {report.delivered} unique {report.unique}{lost} "
             f"reordered {report.reordered} duplicates {report.duplicates} "
             f"handovers {report.handovers}"
+            + (f" parked {report.parked}" if report.parked else "")
+            + (f" skipped {report.skipped}" if report.skipped else "")
         )
 
 
@@ -238,6 +266,26 @@ async def wait_until_complete(validator: Validator, timeout: float) -> bool:
             return True
         await asyncio.sleep(0.5)
     return False
+
+
+async def parked_seqs(broker: Broker, group: str) -> dict[str, set[int]]:
+    """The sequence numbers (Lbg-Seq) of every parked event, per key."""
+    lot = broker.parking(group)
+    found: dict[str, set[int]] = {}
+    for key in await lot.records(current=False):
+        for event in await lot.events(key):
+            seq = event.headers.get(SEQ_HEADER, "")
+            if seq.isdigit():
+                found.setdefault(key, set()).add(int(seq))
+    return found
+
+
+async def _read_parked(broker: Broker, group: str, validator: Validator) -> None:
+    """What the group's parking lot holds, per key (events without a sequence not counted)."""
+    try:
+        validator.parked = await parked_seqs(broker, group)
+    except BrokerError as exc:
+        log.debug("parked events not read: %s", exc)
 
 
 async def run_validator(
@@ -256,11 +304,15 @@ async def run_validator(
 
     consumer = asyncio.create_task(consume())
     next_progress = time.monotonic() + progress_interval
+    next_parked = time.monotonic()
     try:
         while not stop.is_set() and not consumer.done():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
             now = time.monotonic()
+            if now >= next_parked:
+                await _read_parked(broker, group, validator)
+                next_parked = now + PARKED_READ_SECONDS
             if progress_interval > 0 and now >= next_progress:
                 log.info("%s", validator.progress_line())
                 next_progress = now + progress_interval
@@ -272,4 +324,5 @@ async def run_validator(
         await cancel_and_wait(consumer)
     if not consumer.cancelled() and consumer.exception() is not None:
         raise consumer.exception()  # type: ignore[misc]
+    await _read_parked(broker, group, validator)
     return validator.report()

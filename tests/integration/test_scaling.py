@@ -107,11 +107,11 @@ def test_autoscale_adds_clients_for_a_backlog_and_removes_them_after(
     assert publisher.returncode == 0, publisher.stderr
     autoscaler = subprocess.Popen(
         [script("lbg"), "autoscale", "--folder", str(stack.folder), "--min", "1", "--max", "3",
-         "--high", "50", "--low", "5", "--cooldown", "1", "--interval", "0.5"],
+         "--high", "50", "--low", "5", "--cooldown", "1", "--calm", "2", "--interval", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        peak, deadline = 1, time.monotonic() + 60
+        peak, deadline = 1, time.monotonic() + 120  # 10,000 events to drain on a busy machine
         while time.monotonic() < deadline:
             count = len(stack.running_clients(stack.load()))
             peak = max(peak, count)
@@ -128,3 +128,4 @@ def test_autoscale_adds_clients_for_a_backlog_and_removes_them_after(
     )  # fmt: skip
     assert peak > 1, f"the autoscaler never added a client:\n{log}"
     assert count == 1, f"the autoscaler did not scale back down:\n{log}"
+    assert "held back by the calm" in log, f"no hold before the scale-down in the log:\n{log}"

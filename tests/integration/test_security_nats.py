@@ -18,6 +18,7 @@ import nats
 import nats.js.errors
 import orjson
 import pytest
+from tests.support.parking_probe import park_and_unpark
 from tests.support.processes import wait_for_log
 from tests.support.tls import Pki, make_pki
 
@@ -27,6 +28,7 @@ from lbg.broker.nats.adapter import CONFIG_BUCKET
 from lbg.devstack.deployment import LocalDeployment, script
 from lbg.devstack.embedded import EmbeddedNats, free_port
 from lbg.model.destinations import OutputKind, event_destination, output_destination
+from lbg.model.parking import parked
 from lbg.settings import PASSWORD_ENV, BrokerSettings
 
 PASSWORDS = {
@@ -242,6 +244,12 @@ async def client_attempts(secure: SecureNats) -> dict[str, str]:
         await binding.close()
         await broker.publish(output_destination(secure.group, OutputKind.VALIDATION), b"{}")
         outcome["own"] = "ok"
+        outcome["park"] = await park_and_unpark(broker, secure.group)
+        try:
+            await broker.parking(secure.other).put("k", parked("k", "probe", 1, "probe").to_json())
+            outcome["park other"] = "allowed"
+        except BrokerError as exc:
+            outcome["park other"] = str(exc)
         try:
             await broker.publish(event_destination(secure.group, 0, "k"), b"{}")
             outcome["publish event"] = "allowed"
@@ -266,7 +274,11 @@ def test_the_client_user_reaches_its_own_group_only(secure_nats: SecureNats) -> 
     outcome = asyncio.run(client_attempts(secure_nats))
     group, other = secure_nats.group, secure_nats.other
     assert outcome["own"] == "ok"
+    assert outcome["park"] == "ok"
     refused = "not permitted: the server refused this user publishing to"
+    assert outcome["park other"] == (
+        f"group '{other}': parked keys: {refused} '$JS.API.STREAM.INFO.KV_lbg_parked_{other}'"
+    )
     assert outcome["publish event"] == f"{refused} '{group}.0.k'"
     # q0, or g1q0 once the daemons' test above has resized the group whose config it passes.
     assert outcome["bind other"].startswith(

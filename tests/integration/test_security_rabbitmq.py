@@ -16,6 +16,7 @@ import aio_pika
 import aiormq.exceptions
 import orjson
 import pytest
+from tests.support.parking_probe import park_and_unpark
 from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
@@ -298,6 +299,7 @@ async def hostile_identities(node: TlsRabbitMQ, group: str, cu: str, pub: str) -
             outcome["fake summary"] = "allowed"
         except PublishError as exc:
             outcome["fake summary"] = str(exc)
+        outcome["park"] = await park_and_unpark(client, group)
     finally:
         await client.close()
     context = ssl.create_default_context(cafile=ca)
@@ -323,6 +325,11 @@ async def hostile_identities(node: TlsRabbitMQ, group: str, cu: str, pub: str) -
             outcome["bucket 99999"] = "allowed"
         except PublishError as exc:
             outcome["bucket 99999"] = str(exc)
+        try:
+            await publisher.parking(group).records()
+            outcome["publisher parked keys"] = "allowed"
+        except BrokerError as exc:
+            outcome["publisher parked keys"] = str(exc)
     finally:
         await publisher.close()
     return outcome
@@ -371,6 +378,9 @@ def test_the_cu_and_publisher_cannot_act_beyond_their_job(
     assert outcome[member] == member
     assert policy == {"expires": 60000, "max-length": 1000}
     assert "ACCESS_REFUSED" in outcome["bucket 99999"]
+    assert outcome["park"] == "ok"
+    refused = f"group '{group}': not allowed to read its parking stream"
+    assert outcome["publisher parked keys"] == refused
 
 
 def test_a_cu_taken_over_with_force_serves_further_groups_without_it(

@@ -74,3 +74,11 @@ def test_a_demo_phase_prints_one_progress_line_per_step(monkeypatch) -> None:
     uvloop.run(demo._phase(demo.Timeline(lines.append), Validator(), 0.1005))
 
     assert len(lines) == 3, lines
+
+
+def test_the_state_lists_the_parked_keys_with_their_event_counts() -> None:
+    view = LiveView("g")
+    report = Validator().report()
+    state = view.state(report, {"order-2": {5, 6}, "order-1": {9}})
+    assert state["parked"] == [{"key": "order-1", "events": 1}, {"key": "order-2", "events": 2}]
+    assert view.state(report)["parked"] == []

@@ -18,7 +18,9 @@ from lbg.model.sequence import Report
 
 
 class Counts:
-    """Stands in for the validator: the live view reads only its report."""
+    """Stands in for the validator: the live view reads only its report and parked events."""
+
+    parked: dict[str, set[int]] = {}  # noqa: RUF012 (read only)
 
     def report(self) -> Report:
         return Report(None, 0, 0, None, 0, 0, 0, 0, 0, 0)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from lbg.aio import cancel_and_wait
 from lbg.broker.adapters import ADAPTERS
 from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.model.group import GroupConfig
@@ -57,6 +59,10 @@ class QueueStatus:
     backlog: int
     in_flight: int
     active_client: str | None
+    # Seconds since the oldest unprocessed (waiting or unacked) event was stored; None where
+    # the broker cannot tell cheaply (RabbitMQ quorum queues, Solace): the autoscaler then
+    # estimates it from how long the backlog has not been cleared.
+    oldest_age: float | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +101,49 @@ class Resize:
 
 
 StateListener = Callable[[int, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedEvent:
+    """One event in a group's parking lot: as it came (body, headers with the reason and
+    attempts added) and its position in the lot (increasing in the order it was parked)."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    position: int
+
+
+class ParkingLot(abc.ABC):
+    """A group's parked keys: the registry (one record per key, read by every member that
+    takes a queue over) and the lot (each parked key's events, durable, in order)."""
+
+    @abc.abstractmethod
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        """Every key's registry record (see model/parking.py), by key: with `current`, every
+        record confirmed before the call (a member taking a queue over); else possibly a
+        moment old (a member's periodic look, where a broker makes `current` cost a write)."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, record: bytes) -> None:
+        """Store a key's record, confirmed before it returns (a member parks a key in the
+        registry before it acks the poison event)."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Forget a key's record (it is unparked)."""
+
+    @abc.abstractmethod
+    async def append(self, key: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """Park one more event of `key` behind its others, confirmed before it returns."""
+
+    @abc.abstractmethod
+    async def events(self, key: str) -> list[ParkedEvent]:
+        """The key's parked events in the order they were parked."""
+
+    @abc.abstractmethod
+    async def trim(self, key: str, through: int) -> None:
+        """Drop the key's parked events up to and including position `through` (replayed
+        or skipped); doing it twice does no harm."""
 
 
 class QueueBinding(abc.ABC):
@@ -179,6 +228,10 @@ class EpochBinding(QueueBinding):
         self._epoch = 0
         self._active = False
 
+    @property
+    def active(self) -> bool:
+        return self._active
+
     async def next(self) -> Delivery:
         while True:
             delivery = await self._buffer.get()
@@ -205,6 +258,121 @@ class EpochBinding(QueueBinding):
         log.info("queue %d: %s (%s)", self.queue, "active" if active else "standby", reason)
         if self._on_change is not None:
             self._on_change(self.queue, active)
+
+
+class LoopBinding(EpochBinding):
+    """A binding that one background task drives (a pull or poll loop): the loop, release,
+    suspend, fence and close are the same for all of them; an adapter supplies only its
+    broker calls: `_step` (one round of the loop), `_lose` (stop owning
+    now), `_give_up` (hand the queue back to the broker) and `_failed` (after a failed round).
+
+    `_running` is clear while the binding must not ask for messages (suspended, handing
+    over); `_wake` cuts the loop's wait short when something changed.
+    """
+
+    # How long close() lets the loop finish its round (e.g. record what was acked).
+    close_grace: ClassVar[float] = 0.0
+
+    def __init__(self, queue: int, on_change: StateListener | None, preferred: bool) -> None:
+        super().__init__(queue, on_change)
+        self._preferred = preferred
+        self._running = asyncio.Event()
+        self._running.set()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+    def _start(self, name: str) -> None:
+        """Start the loop; called last by the adapter's constructor, once its state is set."""
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    @abc.abstractmethod
+    async def _step(self) -> float:
+        """One round of the loop; returns how long to wait (unless woken) before the next."""
+
+    @abc.abstractmethod
+    async def _failed(self, exc: Exception) -> float:
+        """A round failed (the connection, mostly): recover; returns the wait before the next."""
+
+    @abc.abstractmethod
+    def _lose(self, reason: str) -> None:
+        """Stop owning the queue now: nothing delivered so far may be processed or acked."""
+
+    @abc.abstractmethod
+    async def _give_up(self, reason: str) -> None:
+        """Stop owning the queue and hand it back to the broker for the next owner."""
+
+    def _stall(self) -> str | None:
+        """Why this binding can no longer trust that it owns the queue (stalled), if it cannot."""
+        return None
+
+    def _stop_asking(self) -> None:
+        """Stop asking for messages while suspended; by default by giving up ownership."""
+        self._lose("suspended")
+
+    async def _run(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            try:
+                delay = await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = await self._failed(exc)
+            if delay:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _stop(self) -> None:
+        """End the loop (on close), letting it finish its round for up to `close_grace` s."""
+        if self._task is None:
+            return
+        if self.close_grace:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), self.close_grace)
+        await cancel_and_wait(self._task)
+
+    def set_preferred(self, preferred: bool) -> None:
+        if preferred != self._preferred:
+            self._preferred = preferred
+            self._wake.set()
+
+    def suspend(self, suspended: bool) -> None:
+        if suspended:
+            self._running.clear()
+            self._stop_asking()
+        elif not self._closed:
+            self._running.set()
+            self._wake.set()
+
+    def owns(self, delivery: Delivery) -> bool:
+        if delivery.epoch != self._epoch or not self._active:
+            return False
+        stall = self._stall()
+        if stall is not None:
+            self._lose(stall)
+            return False
+        return True
+
+    def fence(self, reason: str) -> None:
+        self._lose(reason)
+
+    async def release(self, standby_delay: float) -> None:
+        self._running.clear()
+        await self._give_up("released for handover")
+        await asyncio.sleep(standby_delay)
+        if not self._closed:
+            self._running.set()
+            self._wake.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._running.set()
+        self._wake.set()
+        await self._stop()
+        await self._give_up("closed")
 
 
 class Broker(abc.ABC):
@@ -292,7 +460,7 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
-        """Backlog and active client of each queue of the group."""
+        """Backlog, age of the oldest unprocessed event and active client of each queue."""
 
     @abc.abstractmethod
     async def publish(
@@ -325,6 +493,10 @@ class Broker(abc.ABC):
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
         """Receive the group's control messages; returns a coroutine function that unsubscribes."""
+
+    def parking(self, group: str) -> ParkingLot:
+        """The group's parking lot and parked-key registry."""
+        raise BrokerError(f"group '{group}': this broker keeps no parking lot")
 
     @abc.abstractmethod
     def read_output(self, group: str) -> AsyncIterator[OutputMessage]:

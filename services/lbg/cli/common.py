@@ -366,3 +366,19 @@ def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> NoReturn:
     with one_line_errors():
         code = uvloop.run(wrapper())
     sys.exit(code)
+
+
+def run_with_broker(settings: Any, action: Callable[[Any], Awaitable[int]]) -> None:
+    """Connect to `settings.broker`, run `action(broker)` (an operator command), disconnect."""
+    from lbg.api import default_id
+    from lbg.broker import connect_broker
+
+    async def main(_stop: asyncio.Event) -> int:
+        broker = await connect_broker(settings.broker, default_id("lbg"))
+        try:
+            async with naming_the_broker(settings.broker.shown_url):
+                return await action(broker)
+        finally:
+            await broker.close()
+
+    run(main)

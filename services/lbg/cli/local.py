@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ LOCAL_GROUP = "local"
 BROKER_START_TIMEOUT = 20.0
 VALIDATOR_IDLE_EXIT = "2"
 JOIN_TIMEOUT = 30.0
+log = logging.getLogger(__name__)
 
 folder_option = click.option(
     "--folder",
@@ -236,49 +238,177 @@ def down(folder: str) -> None:
 
 @click.command()
 @folder_option
+@click.option(
+    "--broker-url",
+    help="Watch this broker's group instead of a local stack: only "
+    "emit the count (--desired-file, --metrics-port, --once), start or stop nothing.",
+)
+@admin_url_option
+@click.option("--group", "group_name", help="With --broker-url: the group to watch.")
 @click.option("--min", "minimum", type=click.IntRange(min=0), default=1, show_default=True)
-@click.option("--max", "maximum", type=click.IntRange(min=1),
-              help="Most clients [default: the group's queue count].")  # fmt: skip
-@click.option("--high", type=click.FloatRange(min=0), default=200.0, show_default=True,
-              help="Add a client while the backlog per client is above this.")  # fmt: skip
-@click.option("--low", type=click.FloatRange(min=0), default=20.0, show_default=True,
-              help="Remove a client while the backlog per client is below this.")  # fmt: skip
-@click.option("--cooldown", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds between two changes.")  # fmt: skip
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True)
+@click.option(
+    "--max",
+    "maximum",
+    type=click.IntRange(min=1),
+    help="Most clients [default: the group's queue count].",
+)
+@click.option(
+    "--high",
+    type=click.FloatRange(min=0),
+    default=200.0,
+    show_default=True,
+    help="Add clients while the backlog per client is above this.",
+)
+@click.option(
+    "--low",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="Remove one while the backlog per client is below this (and --low-age).",
+)
+@click.option(
+    "--high-age",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Add one while the oldest unprocessed event is older than this (s).",
+)
+@click.option(
+    "--low-age",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Remove one only while the oldest is younger than this (s).",
+)
+@click.option(
+    "--cooldown",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds after a change before the next.",
+)
+@click.option(
+    "--calm",
+    type=click.FloatRange(min=0),
+    default=15.0,
+    show_default=True,
+    help="Seconds the lag must stay low before a client is removed.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between two reads of the lag.",
+)
+@click.option(
+    "--desired-file",
+    type=click.Path(dir_okay=False),
+    help="Write the desired count to this file whenever it changes.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="Serve lbg_autoscale_desired_clients and the lag on /metrics (0: off).",
+)
+@click.option(
+    "--metrics-address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address for --metrics-port (0.0.0.0 for a scraper on another host).",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Read the lag once, print the count it asks for "
+    "and exit with that count as the status; start or stop nothing.",
+)
+@click.option("--dry-run", is_flag=True, help="Decide and emit, but start or stop nothing.")
 def autoscale(
     folder: str,
+    broker_url: str | None,
+    admin_url: str | None,
+    group_name: str | None,
     minimum: int,
     maximum: int | None,
     high: float,
     low: float,
+    high_age: float,
+    low_age: float,
     cooldown: float,
+    calm: float,
     interval: float,
+    desired_file: str | None,
+    metrics_port: int,
+    metrics_address: str,
+    once: bool,
+    dry_run: bool,
 ) -> None:
-    """Scale the local stack's clients between --min and --max from the group's backlog (the
-    original's "demand" trigger), one step at a time with a cool-down; runs until Ctrl-C."""
+    """Scale a group's clients between --min and --max on its consumer lag: the backlog and
+    the age of its oldest unprocessed event. Scales up at once, down one client at a time
+    after --calm seconds of low lag, never twice within --cooldown (every decision and hold is
+    logged). Drives the local stack in --folder, or with --broker-url only reports the count:
+    to a file, to Prometheus (a KEDA trigger) or as the exit status of --once."""
+    from lbg.admin.autoscale import Autoscaler
     from lbg.api import default_id
     from lbg.broker import connect_broker
-    from lbg.devstack.scaling import AutoscalePolicy, StackError
-    from lbg.devstack.scaling import autoscale as run_autoscaler
+    from lbg.devstack.scaling import StackError
+    from lbg.metrics import serve
+    from lbg.model.autoscale import AutoscalePolicy, wanted
     from lbg.settings import BrokerSettings
 
     setup_logging()
-    if low >= high:
-        fail(f"--low ({low:g}) must be below --high ({high:g})")
-    stack = _stack(folder)
-    try:
-        state = stack.load()
-    except StackError as exc:
-        fail(str(exc))
+    stack = None
+    if broker_url is None:
+        stack = _stack(folder)
+        try:
+            state = stack.load()
+        except StackError as exc:
+            fail(str(exc))
+        broker_url, admin_url, group_name = state.broker_url, state.admin_url, state.group
+    elif group_name is None:
+        fail("--broker-url needs --group (the group to watch)")
+    drive = stack is not None and not (dry_run or once)
+
+    async def scale(count: int) -> None:
+        assert stack is not None
+        started, stopped = await asyncio.to_thread(stack.scale, count)
+        log.info(
+            "autoscale: started %s stopped %s", ", ".join(started) or "-", ", ".join(stopped) or "-"
+        )
+
+    def running() -> int:
+        assert stack is not None
+        return len(stack.running_clients(stack.load()))
 
     async def main(stop: asyncio.Event) -> int:
-        settings = BrokerSettings(url=state.broker_url, admin_url=state.admin_url)
-        broker = await connect_broker(settings, default_id("autoscale"))
+        broker = await connect_broker(
+            BrokerSettings(url=broker_url, admin_url=admin_url), default_id("autoscale")
+        )
         try:
-            config = await broker.read_group(state.group)
-            policy = AutoscalePolicy(minimum, maximum or config.queue_count, high, low, cooldown)
-            await run_autoscaler(broker, state.group, config, stack, policy, stop, interval)
+            config = await broker.read_group(group_name)
+            policy = AutoscalePolicy(
+                minimum, maximum or config.queue_count, high, low, high_age, low_age, cooldown, calm
+            )
+            if problem := policy.problem():
+                fail(problem)
+            scaler = Autoscaler(
+                broker,
+                group_name,
+                config,
+                policy,
+                count=running if stack is not None else None,
+                scale=scale if drive else None,
+                desired_file=Path(desired_file) if desired_file else None,
+            )
+            if once:
+                lag, clients = await scaler.read_lag()
+                count, reason = wanted(policy, clients, lag)
+                click.echo(f"{count} clients ({clients} running; {reason})")
+                return count
+            async with serve(metrics_port, metrics_address, scaler.families, scaler.ready):
+                await scaler.run(stop, interval)
         finally:
             await broker.close()
         return 0

@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 import orjson
 
-from lbg.api import default_id
 from lbg.cli.common import (
     CONTEXT,
     EXIT_FAILURE,
@@ -28,15 +27,15 @@ from lbg.cli.common import (
     fail,
     group_option,
     load,
-    naming_the_broker,
     print_verdict,
-    run,
     run_folder,
+    run_with_broker,
     setup_logging,
     verbose_option,
     version_option,
 )
 from lbg.cli.local import autoscale, local
+from lbg.cli.parking import parked, unpark
 from lbg.cli.soak import soak
 from lbg.cli.spark_cluster import spark_cluster
 from lbg.devstack.brokers import LOCAL_BROKERS
@@ -263,20 +262,6 @@ def _operator_settings(
     return settings, listen
 
 
-def _run_with_broker(settings, action) -> None:
-    from lbg.broker import connect_broker
-
-    async def main(_stop) -> int:
-        broker = await connect_broker(settings.broker, default_id("lbg"))
-        try:
-            async with naming_the_broker(settings.broker.shown_url):
-                return await action(broker)
-        finally:
-            await broker.close()
-
-    run(main)
-
-
 @main.command()
 @click.argument("port", type=click.IntRange(1, 65535), required=False)
 @click.option(
@@ -369,7 +354,7 @@ def status(
             click.echo(group_status.to_text())
         return 0
 
-    _run_with_broker(settings, action)
+    run_with_broker(settings, action)
 
 
 @main.command()
@@ -411,7 +396,7 @@ def route(
             click.echo(f"{r.key}\t{r.bucket}\t{r.queue}\t{r.owner or '-'}")
         return 0
 
-    _run_with_broker(settings, action)
+    run_with_broker(settings, action)
 
 
 @main.command()
@@ -476,9 +461,11 @@ def move(
                 )
         return 0
 
-    _run_with_broker(settings, action)
+    run_with_broker(settings, action)
 
 
+main.add_command(parked)
+main.add_command(unpark)
 main.add_command(local)
 main.add_command(spark_cluster)
 main.add_command(autoscale)

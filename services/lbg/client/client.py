@@ -16,21 +16,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
 from prometheus_client import Histogram
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import Broker, BrokerError, Delivery, QueueBinding
+from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding
 from lbg.client.coordination import (
+    DynamicRole,
     GroupCoordinator,
     Role,
     Seat,
     coordinator_for,
 )
 from lbg.client.lanes import KeyLanes
+from lbg.client.parking import HangWatch, KeyParking
 from lbg.handlers import AsyncHandler, Context, Hooks
 from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
 from lbg.model.destinations import EventAddress, OutputKind, output_destination
@@ -43,6 +45,7 @@ from lbg.model.messages import (
     dead_letter_headers,
     read_event,
 )
+from lbg.model.parking import original_headers
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,10 @@ CONFIG_READ_GAP = 0.2
 MISROUTED_KEYS_LOGGED = 1000
 LEASE_LAPSED = "a delivery came while this member's lease had lapsed"
 EARLIER_EVENT_FAILED = "an earlier event of the same key did not complete"
+KEY_PARKED = "an earlier event of the key is parked"
+# Outcome of running the handler on an event: handled (None), failed for good (why, attempts),
+# or not run to its end because the queue was lost meanwhile (LOST).
+LOST = ("lost", -1)
 
 
 @dataclass
@@ -84,6 +91,7 @@ class LbgClient:
         retry_backoff: float = 0.2,
         window: int = 256,
         hooks: Hooks | None = None,
+        park_after_stalls: int = 2,
     ) -> None:
         self._broker = broker
         self._group = group
@@ -104,6 +112,11 @@ class LbgClient:
         self._misrouted: set[str] = set()
         self._handler_seconds: dict[int, Histogram] = {}
         self.stats = ClientStats()
+        self._parking = KeyParking(broker, group, client_id)
+        self._checked: set[int] = set()
+        stall_timeout = role.stall_timeout if isinstance(role, DynamicRole) else None
+        self._hangs = HangWatch(self._parking, stall_timeout)
+        self._park_after_stalls = park_after_stalls
         seat = Seat(
             broker,
             group,
@@ -133,6 +146,13 @@ class LbgClient:
             g,
             s.wrong_bucket,
         )
+        yield gauge("lbg_client_parked_keys", "Keys parked now.", g, self._parking.parked_keys())
+        yield counter(
+            "lbg_client_parked_events",
+            "Events this client parked.",
+            g,
+            self._parking.parked_events,
+        )
         yield gauge("lbg_client_queues_active", "Queues this client serves now.", g, len(s.active))
         yield gauge(
             "lbg_group_queues",
@@ -153,6 +173,7 @@ class LbgClient:
             self.stats.handovers += 1
         else:
             self.stats.active.discard(queue)
+            self._checked.discard(queue)
         log.info(
             "client %s %s queue %d (%s); active on %s",
             self.client_id,
@@ -260,6 +281,8 @@ class LbgClient:
                 )
                 continue
             await self._announce(binding, lanes, binding.active)
+            if binding.queue in self._checked:
+                await self._start_replays(binding, lanes)
             delivery = binding.ready() or await _next_within(binding, POLL_SECONDS)
             if delivery is None:
                 continue
@@ -267,6 +290,10 @@ class LbgClient:
                 self._give_back(binding, delivery, LEASE_LAPSED)
                 continue
             await self._announce(binding, lanes, active=True)
+            if binding.queue not in self._checked:
+                if not await self._read_parked_keys(binding, delivery):
+                    continue
+                await self._start_replays(binding, lanes)
             try:
                 address = self._broker.event_address(delivery.subject)
                 event = read_event(address.key, delivery.body, delivery.headers)
@@ -287,6 +314,33 @@ class LbgClient:
                 "client %s retires queue %d (the group was resized)", self.client_id, binding.queue
             )
             await binding.close()
+
+    async def _read_parked_keys(self, binding: QueueBinding, delivery: Delivery) -> bool:
+        """Read the parked keys on taking a queue over, before its first event is processed
+        (a key parked by the previous owner stays parked); if they cannot be read, give the
+        delivery back."""
+        try:
+            await self._parking.refresh()
+        except BrokerError as exc:
+            log.error("queue %d: cannot read the parked keys: %s", binding.queue, exc)
+            await asyncio.sleep(self._backoff)
+            self._give_back(binding, delivery, "the parked keys could not be read")
+            return False
+        self._checked.add(binding.queue)
+        return True
+
+    async def _start_replays(self, binding: QueueBinding, lanes: KeyLanes) -> None:
+        """Queue the replay of each key of this queue an operator unparked, in the key's lane
+        (its new events wait behind the replay)."""
+        await self._parking.refresh_if_due()
+        for key in self._parking.replays_due(lambda key: self._queue_of(key) == binding.queue):
+            await lanes.submit(key, partial(self._replay, binding, key))
+
+    def _queue_of(self, key: str) -> int | None:
+        try:
+            return self._config.queue_for_key(key)
+        except HashKeyError:
+            return None
 
     async def _announce(self, binding: QueueBinding, lanes: KeyLanes, active: bool) -> None:
         """Call on_assigned / on_revoked when this worker's ownership of its queue changes."""
@@ -340,7 +394,14 @@ class LbgClient:
     async def _process(
         self, binding: QueueBinding, delivery: Delivery, event: Event, bucket: int
     ) -> bool:
-        """Run the handler (with retries, then dead-letter) and ack; False if not completed."""
+        """Run the handler (with retries, then park the key) and ack; False if not completed.
+        An event of a parked key is parked behind the key's others without being handled."""
+        if self._parking.is_parked(event.key):
+            return await self._park(binding, delivery, event, KEY_PARKED, 0)
+        suspect = self._parking.suspects(event.key)
+        if suspect is not None and suspect.stalls >= self._park_after_stalls:
+            reason = f"handler hung past the stall timeout {suspect.stalls} times"
+            return await self._park(binding, delivery, event, reason, 0)
         context = Context(
             group=self._group,
             client=self.client_id,
@@ -350,25 +411,47 @@ class LbgClient:
             broker=self._broker,
             epoch=delivery.owner_epoch,
         )
+        failed = await self._handle(event, context, partial(self._may_process, binding, delivery))
+        if failed is LOST:
+            self._give_back(binding, delivery, LEASE_LAPSED)
+            return False
+        if failed is not None:
+            reason, attempts = failed
+            if self._parking.enabled:
+                return await self._park(binding, delivery, event, reason, attempts)
+            return await self._reject(binding, delivery, reason, event.key)
+        if suspect is not None:
+            with contextlib.suppress(BrokerError):
+                await self._parking.handled(event.key)
+        return await self._complete(binding, delivery)
+
+    async def _handle(
+        self, event: Event, context: Context, still_ours: Callable[[], bool]
+    ) -> tuple[str, int] | None:
+        """Run the handler on an event with retries: None once handled, (why, attempts) if
+        it failed for good or hung too often, LOST if `still_ours` stopped holding first."""
         for attempt in range(1, self._retries + 2):
-            if not self._may_process(binding, delivery):
-                self._give_back(binding, delivery, LEASE_LAPSED)
-                return False
+            if not still_ours():
+                return LOST
             token = object()
             started = self._busy[token] = time.monotonic()
+            timer = self._hangs.watch(event.key, self._park_after_stalls)
             try:
                 await self._handler(event, context)
-                self._handler_timer(binding.queue).observe(time.monotonic() - started)
-                break
+                self._handler_timer(context.queue).observe(time.monotonic() - started)
+                return None
+            except asyncio.CancelledError:
+                hung = self._hangs.hung()
+                if hung is None:
+                    raise
+                return hung, attempt
             except Exception as exc:
                 self.stats.handler_errors += 1
                 if attempt > self._retries:
-                    return await self._reject(
-                        binding, delivery, f"handler failed {attempt} times: {exc!r}", event.key
-                    )
+                    return f"handler failed {attempt} times: {exc!r}", attempt
                 log.warning(
                     "queue %d: handler failed on key %r seq %s (attempt %d): %r",
-                    binding.queue,
+                    context.queue,
                     event.key[:80],
                     event.seq,
                     attempt,
@@ -377,7 +460,56 @@ class LbgClient:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             finally:
                 del self._busy[token]
+                if timer is not None:
+                    timer.cancel()
+        return None
+
+    async def _park(
+        self, binding: QueueBinding, delivery: Delivery, event: Event, reason: str, attempts: int
+    ) -> bool:
+        """Park the key (in the registry) and the event (in the lot), then ack it."""
+        if not self._may_process(binding, delivery):
+            self._give_back(binding, delivery, LEASE_LAPSED)
+            return False
+        try:
+            await self._parking.park(
+                event.key,
+                delivery.body,
+                dict(delivery.headers),
+                delivery.redelivered,
+                reason,
+                attempts,
+                subject=delivery.subject,
+                queue=str(binding.queue),
+            )
+        except BrokerError as exc:
+            log.error("queue %d: cannot park key %r (%s)", binding.queue, event.key[:80], exc)
+            await asyncio.sleep(self._backoff)
+            return self._abandon(binding)
         return await self._complete(binding, delivery)
+
+    async def _replay(self, binding: QueueBinding, key: str) -> bool:
+        """Replay a key an operator unparked (in its lane); False if it stopped short."""
+        bucket = self._config.bucket_for_key(key)
+        context = Context(self._group, self.client_id, binding.queue, bucket, True, self._broker)
+
+        def still_ours() -> bool:
+            return binding.active and self._coordinator.may_process()
+
+        async def run(parked: ParkedEvent) -> tuple[str, int] | None:
+            headers = original_headers(parked.headers)
+            event = read_event(key, parked.body, headers)
+            failed = await self._handle(event, context, still_ours)
+            if failed is LOST:
+                raise BrokerError(f"queue {binding.queue} lost during the replay of {key!r}")
+            return failed
+
+        try:
+            await self._parking.replay(key, run)
+        except (BrokerError, MalformedMessage) as exc:
+            log.error("queue %d: replay of key %r stopped: %s", binding.queue, key[:80], exc)
+            return self._abandon(binding)
+        return True
 
     async def _complete(self, binding: QueueBinding, delivery: Delivery) -> bool:
         if not self._may_process(binding, delivery):

@@ -5,14 +5,11 @@ dynamic lbg-clients as separate processes) with its state in `<folder>/state.jso
 later `lbg local scale N` (`make scale N=4`) starts or stops only the difference: the other
 clients keep running, and dynamic membership moves just the queues that must move.
 
-`decide` is the autoscaler's rule as a pure function: add a client while the backlog stays
-above `high` per client, remove one while it stays below `low`, one step per cool-down.
+`lbg autoscale` (lbg.admin.autoscale) drives a stack through `LocalStack.scale`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -24,7 +21,6 @@ from pathlib import Path
 
 import orjson
 
-from lbg.broker.base import Broker
 from lbg.cli.localstate import (
     STATE_FILE,
     StackError,
@@ -34,7 +30,6 @@ from lbg.cli.localstate import (
     running_state,
 )
 from lbg.devstack.deployment import script
-from lbg.model.group import GroupConfig
 from lbg.model.sequence import Report
 
 log = logging.getLogger(__name__)
@@ -171,59 +166,3 @@ def _wait_for_exit(pid: int, timeout: float) -> None:
 def _client_number(name: str) -> int:
     _, _, number = name.rpartition("-")
     return int(number) if number.isdigit() else -1
-
-
-@dataclasses.dataclass(frozen=True)
-class AutoscalePolicy:
-    """When to add or remove a client; backlogs are messages waiting per running client."""
-
-    minimum: int = 1
-    maximum: int = 4
-    high: float = 200.0
-    low: float = 20.0
-    cooldown: float = 10.0
-
-
-def decide(policy: AutoscalePolicy, clients: int, backlog: int, since_last_change: float) -> int:
-    """The client count to run next: one step towards what the backlog asks, never inside the
-    cool-down, always within [minimum, maximum] (maximum is at most the queue count)."""
-    bounded = min(max(clients, policy.minimum), policy.maximum)
-    if bounded != clients:
-        return bounded
-    if since_last_change < policy.cooldown:
-        return clients
-    per_client = backlog / max(clients, 1)
-    if per_client > policy.high and clients < policy.maximum:
-        return clients + 1
-    if per_client < policy.low and clients > policy.minimum:
-        return clients - 1
-    return clients
-
-
-async def autoscale(
-    broker: Broker,
-    group: str,
-    config: GroupConfig,
-    stack: LocalStack,
-    policy: AutoscalePolicy,
-    stop: asyncio.Event,
-    interval: float = 1.0,
-) -> None:
-    """Every `interval`, read the group's backlog (waiting plus delivered but not yet acked:
-    a busy client holds what it pulled) and scale the stack's clients one step."""
-    policy = dataclasses.replace(policy, maximum=min(policy.maximum, config.queue_count))
-    last_change = -float("inf")
-    while not stop.is_set():
-        statuses = await broker.queue_status(group, config)
-        backlog = sum(s.backlog + s.in_flight for s in statuses)
-        clients = len(stack.running_clients(stack.load()))
-        target = decide(policy, clients, backlog, time.monotonic() - last_change)
-        if target != clients:
-            log.info(
-                "autoscale: backlog %d over %d clients -> %d clients", backlog, clients, target
-            )
-            started, stopped = await asyncio.to_thread(stack.scale, target)
-            log.info("autoscale: started %s stopped %s", started or "-", stopped or "-")
-            last_change = time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)

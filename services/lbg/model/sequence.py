@@ -57,6 +57,8 @@ class Report:
     per_client: dict[str, int] = field(default_factory=dict)
     unsequenced: int = 0
     handovers: int = 0
+    parked: int = 0
+    skipped: int = 0
 
     @property
     def ok(self) -> bool:

@@ -13,12 +13,14 @@ from lbg.broker.base import (
     Broker,
     BrokerError,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     QueueStatus,
     StateListener,
 )
 from lbg.broker.memory.binding import MemoryQueueBinding
+from lbg.broker.memory.parking import MemoryParkingLot
 from lbg.broker.memory.store import MemoryStore, memory_store
 from lbg.model.destinations import Destination
 from lbg.model.group import GroupConfig
@@ -112,6 +114,11 @@ class MemoryBroker(Broker):
                 self._connection.subscriptions.remove(subscription)
 
         return unsubscribe
+
+    def parking(self, group: str) -> ParkingLot:
+        self._connection.check()
+        self.store.read_group(group)
+        return MemoryParkingLot(self._connection, self.store.parked[group])
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         self._connection.check()

@@ -36,10 +36,6 @@ class MemoryQueueBinding(EpochBinding):
         self._wake = asyncio.Event()
 
     @property
-    def active(self) -> bool:
-        return self._active
-
-    @property
     def pin(self) -> str | None:
         return self._pin if self._active else None
 

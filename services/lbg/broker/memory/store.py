@@ -33,6 +33,7 @@ from lbg.broker.base import (
     PublishError,
     QueueStatus,
 )
+from lbg.broker.memory.parking import ParkedState
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.group import GroupConfig
 
@@ -65,13 +66,14 @@ class Puller(Protocol):
 
 @dataclass(slots=True)
 class StoredEvent:
-    """An event in a queue until acked, with how often it was handed out."""
+    """An event in a queue until acked, with how often it was handed out and when it came."""
 
     seq: int
     subject: str
     body: bytes
     headers: dict[str, str]
     deliveries: int = 0
+    stored_at: float = field(default_factory=time.time)
 
 
 class QueueState:
@@ -149,10 +151,13 @@ class QueueState:
             self.unpin("priority timeout")
 
     def status(self, queue: int, buckets: list[int]) -> QueueStatus:
-        """Backlog (not handed out yet), in flight (handed out, unacked) and the owner."""
+        """Backlog (not handed out yet), in flight (handed out, unacked), the owner and the
+        age of the oldest unacked event."""
         in_flight = len(self.pending) - len(self.cursor)
         client = self.owner.client if self.owner is not None else None
-        return QueueStatus(queue, self.name, buckets, len(self.cursor), in_flight, client)
+        oldest = next(iter(self.pending.values()), None)
+        age = None if oldest is None else time.time() - oldest.stored_at
+        return QueueStatus(queue, self.name, buckets, len(self.cursor), in_flight, client, age)
 
 
 @dataclass(eq=False)
@@ -206,6 +211,7 @@ class MemoryStore:
         self.groups: dict[str, GroupConfig] = {}
         self.queues: dict[str, list[QueueState]] = {}
         self.outputs: dict[str, list[OutputMessage]] = {}
+        self.parked: dict[str, ParkedState] = {}
         self.connections: list[Connection] = []
         self._readers: set[asyncio.Event] = set()
         self._seq = 0
@@ -252,6 +258,7 @@ class MemoryStore:
         self.groups[name] = config
         self.queues[name] = [QueueState(f"{name}.q{q}") for q in range(config.queue_count)]
         self.outputs[name] = []
+        self.parked[name] = ParkedState()
 
     def read_group(self, name: str) -> GroupConfig:
         """The group's config; GroupNotFound if there is none."""
@@ -262,7 +269,7 @@ class MemoryStore:
     def delete_group(self, name: str) -> None:
         """Forget the group's config, queues and outputs."""
         self.read_group(name)
-        del self.groups[name], self.queues[name], self.outputs[name]
+        del self.groups[name], self.queues[name], self.outputs[name], self.parked[name]
 
     def queue(self, group: str, queue: int) -> QueueState:
         """One queue of a group, checked to exist."""

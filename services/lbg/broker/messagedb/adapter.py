@@ -29,6 +29,7 @@ from lbg.broker.base import (
     GroupExists,
     GroupNotFound,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     QueueStatus,
@@ -38,6 +39,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
+from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import check_key, event_digest
@@ -249,7 +251,12 @@ class MessageDbBroker(Broker):
     async def delete_group(self, name: str) -> None:
         config = await self.read_group(name)
         # A group over an existing category leaves it alone: its rows are not the group's.
-        categories = [naming.position_category(config.hash_prefix), naming.output_category(name)]
+        categories = [
+            naming.position_category(config.hash_prefix),
+            naming.output_category(name),
+            registry_category(name),
+            lot_category(name),
+        ]
         if config.category is None:
             categories.append(naming.event_category(config.hash_prefix))
         try:
@@ -281,9 +288,9 @@ class MessageDbBroker(Broker):
                 current = history[-1] if history else generations.Generation(0, 0, 1, None)
                 for queue in range(config.queue_count):
                     position = await generations.recorded(conn, config.hash_prefix, queue, current)
-                    backlog = await conn.fetchval(
-                        "SELECT count(*) FROM message_store.get_category_messages("
-                        "$1, $2, -1, NULL, $3, $4)",
+                    backlog, oldest = await conn.fetchrow(
+                        "SELECT count(*), extract(epoch FROM now() AT TIME ZONE 'utc' - min(time))"
+                        " FROM message_store.get_category_messages($1, $2, -1, NULL, $3, $4)",
                         category,
                         position + 1,
                         queue,
@@ -300,6 +307,7 @@ class MessageDbBroker(Broker):
                             backlog=int(backlog or 0),
                             in_flight=0,
                             active_client=_client_of(holder),
+                            oldest_age=None if oldest is None else max(0.0, float(oldest)),
                         )
                     )
         except DB_ERRORS as exc:
@@ -478,6 +486,9 @@ class MessageDbBroker(Broker):
         finally:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+
+    def parking(self, group: str) -> ParkingLot:
+        return MessageDbParkingLot(self.pool, group, DB_ERRORS)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         category = naming.output_category(group)

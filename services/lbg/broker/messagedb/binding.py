@@ -36,8 +36,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import orjson
 
-from lbg.aio import cancel_and_wait
-from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
+from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener
 from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
@@ -64,8 +63,10 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 """
 
 
-class MessageDbBinding(EpochBinding):
+class MessageDbBinding(LoopBinding):
     """One client's reader of one consumer-group member: active (lock holder) or standby."""
+
+    close_grace = CLOSE_SECONDS
 
     def __init__(
         self,
@@ -81,7 +82,7 @@ class MessageDbBinding(EpochBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> None:
-        super().__init__(queue, on_change)
+        super().__init__(queue, on_change, preferred)
         self._group = group
         self._hash_prefix = hash_prefix
         self._category = category
@@ -90,7 +91,6 @@ class MessageDbBinding(EpochBinding):
         self._poll = poll_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
-        self._preferred = preferred
         self._conn: asyncpg.Connection | None = None
         self._conn_lock = asyncio.Lock()
         self._generations: list[Generation] = []
@@ -105,15 +105,7 @@ class MessageDbBinding(EpochBinding):
         self._positions = Positions()
         self._last_flush = 0.0
         self._free_seen = 0
-        self._running = asyncio.Event()
-        self._running.set()
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._task = asyncio.create_task(self._loop(), name=f"messagedb-{app_name}")
-
-    @property
-    def active(self) -> bool:
-        return self._active
+        self._start(f"messagedb-{app_name}")
 
     @property
     def pin(self) -> str | None:
@@ -125,17 +117,8 @@ class MessageDbBinding(EpochBinding):
 
     def set_preferred(self, preferred: bool) -> None:
         if preferred != self._preferred:
-            self._preferred = preferred
             self._free_seen = 0
-            self._wake.set()
-
-    def suspend(self, suspended: bool) -> None:
-        if suspended:
-            self._running.clear()
-            self._lose("suspended")
-        elif not self._closed:
-            self._running.set()
-            self._wake.set()
+        super().set_preferred(preferred)
 
     async def pinned_by(self) -> str | None:
         try:
@@ -162,13 +145,10 @@ class MessageDbBinding(EpochBinding):
             self._wake.set()
         return terminated
 
-    def owns(self, delivery: Delivery) -> bool:
-        if delivery.epoch != self._epoch or not self._active:
-            return False
+    def _stall(self) -> str | None:
         if self._paused_for() > self._stall_limit:
-            self._lose("this process was paused past the stall limit (stalled)")
-            return False
-        return True
+            return "this process was paused past the stall limit (stalled)"
+        return None
 
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
@@ -178,30 +158,8 @@ class MessageDbBinding(EpochBinding):
             self._wake.set()
         return True
 
-    def fence(self, reason: str) -> None:
-        self._lose(reason)
-
-    async def release(self, standby_delay: float) -> None:
-        self._running.clear()
-        self._lose("released for handover")
-        await self._give_up()
-        await asyncio.sleep(standby_delay)
-        if not self._closed:
-            self._running.set()
-            self._wake.set()
-
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._running.set()
-        self._wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_SECONDS)
-        except TimeoutError:
-            await cancel_and_wait(self._task)
-        self._lose("closed")
-        await self._give_up()
+        await super().close()
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -240,7 +198,11 @@ class MessageDbBinding(EpochBinding):
     async def _holder(self, conn: asyncpg.Connection) -> int | None:
         return await conn.fetchval(HOLDER_SQL, *self._keys())
 
-    async def _give_up(self) -> None:
+    async def _give_up(self, reason: str) -> None:
+        self._lose(reason)
+        await self._unlock()
+
+    async def _unlock(self) -> None:
         """Record the acked position, then free the lock (the next reader starts there)."""
         async with self._conn_lock:
             if not self._holding or self._conn is None or self._conn.is_closed():
@@ -284,28 +246,18 @@ class MessageDbBinding(EpochBinding):
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def _loop(self) -> None:
-        while not self._closed:
-            self._wake.clear()
-            try:
-                delay = await self._step()
-            except asyncio.CancelledError:
-                raise
-            except DB_ERRORS as exc:
-                if self._active:
-                    self._lose(f"connection lost: {exc or type(exc).__name__}")
-                else:
-                    log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
-                self._holding = False
-                delay = self._poll * STANDBY_FACTOR
-            if delay:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+    async def _failed(self, exc: Exception) -> float:
+        if self._active:
+            self._lose(f"connection lost: {exc or type(exc).__name__}")
+        else:
+            log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+        self._holding = False
+        return self._poll * STANDBY_FACTOR
 
     async def _step(self) -> float:
         """One round: give up, take the lock, or read; returns how long to wait after it."""
         if not self._running.is_set() or (self._holding and not self._active):
-            await self._give_up()
+            await self._unlock()
             if not self._running.is_set():
                 await self._running.wait()
             return 0.0

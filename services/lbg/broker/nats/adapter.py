@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import nats
@@ -34,7 +35,6 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
-    NoStreamResponseError,
     NotFoundError,
 )
 from nats.js.errors import Error as JetStreamError
@@ -46,6 +46,7 @@ from lbg.broker.base import (
     GroupExists,
     GroupNotFound,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     QueueStatus,
@@ -55,10 +56,16 @@ from lbg.broker.base import (
 )
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
-from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
+from lbg.broker.nats.parking import (
+    NatsParkingLot,
+    lot_stream,
+    lot_stream_config,
+    registry_bucket,
+)
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
-from lbg.broker.nats.stints import GroupStints, Stint, StintBinding
+from lbg.broker.nats.stints import GroupStints, StintBinding
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.generations import Generation
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -333,6 +340,8 @@ class NatsBroker(Broker):
                     num_replicas=config.replicas,
                 ),
             )
+            await self._add_stream(created, lot_stream_config(name, config.replicas))
+            await self._bucket(registry_bucket(name), replicas=config.replicas)
             for queue in range(config.queue_count):
                 await jsapi.create_consumer(
                     self._nc,
@@ -386,11 +395,6 @@ class NatsBroker(Broker):
             return await generations.resize(
                 self._nc, configs, name, queue_count, publish, events_stream(name), consumer_config
             )
-        except NoStreamResponseError:
-            raise BrokerError(
-                f"group '{name}' was created before NATS groups could be resized (its stream "
-                f"has no subject {marker_subject(config.hash_prefix)})"
-            ) from None
         except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
             reason = exc or type(exc).__name__
             raise BrokerError(f"cannot resize group '{name}': {reason}") from None
@@ -432,9 +436,11 @@ class NatsBroker(Broker):
 
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
-        for stream in (events_stream(name), output_stream(name)):
+        streams = (events_stream(name), output_stream(name), lot_stream(name))
+        for stream in (*streams, f"KV_{registry_bucket(name)}"):
             with contextlib.suppress(NotFoundError):
                 await self._js.delete_stream(stream)
+        self._kv.pop(registry_bucket(name), None)
         owners = await self._bucket(OWNERS_BUCKET)
         with contextlib.suppress(NotFoundError, NoKeysError):
             for key in await owners.keys():
@@ -454,14 +460,26 @@ class NatsBroker(Broker):
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
+            backlog, in_flight = (
+                int(info.get("num_pending", 0)),
+                int(info.get("num_ack_pending", 0)),
+            )
+            oldest = None
+            if backlog + in_flight:
+                floor = int((info.get("ack_floor") or {}).get("stream_seq", 0))
+                stored = await jsapi.first_stored_after(
+                    self._nc, events_stream(name), floor + 1, bucket_filters(config, queue)
+                )
+                oldest = None if stored is None else max(0.0, time.time() - stored)
             status.append(
                 QueueStatus(
                     queue=queue,
                     name=f"{name}/{consumer}",
                     buckets=config.buckets_for_queue(queue),
-                    backlog=int(info.get("num_pending", 0)),
-                    in_flight=int(info.get("num_ack_pending", 0)),
+                    backlog=backlog,
+                    in_flight=in_flight,
                     active_client=active,
+                    oldest_age=oldest,
                 )
             )
         return status
@@ -515,7 +533,6 @@ class NatsBroker(Broker):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> QueueBinding:
-        stream = events_stream(group)
         await self._consumer_settings(group, queue, consumer_name(queue, config.generation))
         owners = await self._bucket(OWNERS_BUCKET)
 
@@ -523,34 +540,14 @@ class NatsBroker(Broker):
             configs = await self._bucket(CONFIG_BUCKET, create=False)
             return (await generations.load(configs, group, await self.read_group(group)))[0]
 
-        async def open_stint(
-            stint: Stint, preferred: bool, on_change: StateListener | None
-        ) -> NatsQueueBinding:
-            generation, member = stint
-            consumer = consumer_name(member, generation.index)
-            priority_timeout, ack_all = await self._consumer_settings(group, queue, consumer)
+        async def settings(consumer: str) -> tuple[float, bool]:
+            return await self._consumer_settings(group, queue, consumer)
 
-            async def claim(pin: str) -> int:
-                record = orjson.dumps({"client": client_id, "pin": pin, "consumer": consumer})
-                return await claim_epoch(owners, f"{group}.{queue}", record)
+        async def claim(consumer: str, pin: str) -> int:
+            record = orjson.dumps({"client": client_id, "pin": pin, "consumer": consumer})
+            return await claim_epoch(owners, f"{group}.{queue}", record)
 
-            binding = NatsQueueBinding(
-                self._nc,
-                stream,
-                consumer,
-                queue,
-                pinned=config.exclusive,
-                priority_timeout=priority_timeout,
-                preferred=preferred,
-                on_change=on_change,
-                claim=claim,
-                ack_all=ack_all,
-                ends=stints.ends(generation) if config.exclusive else None,
-            )
-            binding.end = generation.end
-            return binding
-
-        stints = GroupStints(self._nc, stream, config, history, open_stint)
+        stints = GroupStints(self._nc, events_stream(group), config, history, settings, claim)
         return StintBinding(queue, stints, await history(), preferred, on_change)
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
@@ -580,6 +577,9 @@ class NatsBroker(Broker):
 
         subscription = await self._nc.subscribe(control_subject(group), cb=deliver)
         return subscription.unsubscribe
+
+    def parking(self, group: str) -> ParkingLot:
+        return NatsParkingLot(self._js, self._streams, group, self._events.refusal)
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         sub = await self._js.pull_subscribe(

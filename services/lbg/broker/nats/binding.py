@@ -25,8 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from lbg.aio import cancel_and_wait
-from lbg.broker.base import Delivery, EpochBinding, StateListener
+from lbg.broker.base import Delivery, LoopBinding, StateListener
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.ackfloor import AckFloor
 from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
@@ -56,7 +55,7 @@ class _Pull:
     sent: float = 0.0
 
 
-class NatsQueueBinding(EpochBinding):
+class NatsQueueBinding(LoopBinding):
     """One client's binding to one queue (durable consumer); exclusive when `pinned`."""
 
     def __init__(
@@ -73,7 +72,7 @@ class NatsQueueBinding(EpochBinding):
         ack_all: bool = False,
         ends: tuple[str, int, FindEnd] | None = None,
     ) -> None:
-        super().__init__(queue, on_change)
+        super().__init__(queue, on_change, preferred)
         # Where the group can be resized: the marker subject, this consumer's generation, and
         # how to find its end marker when taking over (a former owner may have acked it).
         self._ends = ends
@@ -89,19 +88,14 @@ class NatsQueueBinding(EpochBinding):
         self._stream = stream
         self._consumer = consumer
         self._pinned = pinned
-        self._preferred = preferred
         self._timeout = priority_timeout
         self._expires = priority_timeout / 3
         self._pin: str | None = None
         self._active = not pinned
         self._last_pull = time.monotonic()
-        self._running = asyncio.Event()
-        self._running.set()
-        self._wake = asyncio.Event()
-        self._closed = False
         self._pull = _Pull()
         self._rewind_due = False
-        self._task = asyncio.create_task(self._pull_loop(), name=f"pull-{consumer}")
+        self._start(f"pull-{consumer}")
 
     @property
     def active(self) -> bool:
@@ -114,18 +108,6 @@ class NatsQueueBinding(EpochBinding):
     @property
     def waiting(self) -> bool:
         return self._pinned and self._preferred and not self._active and self._running.is_set()
-
-    def set_preferred(self, preferred: bool) -> None:
-        if preferred != self._preferred:
-            self._preferred = preferred
-            self._wake.set()
-
-    def suspend(self, suspended: bool) -> None:
-        if suspended:
-            self._running.clear()
-            self._abort_pull()
-        elif not self._closed:
-            self._running.set()
 
     async def evict(self, pin: str) -> bool:
         if not self._pinned or not await self._unpin_while_held(pin):
@@ -142,13 +124,12 @@ class NatsQueueBinding(EpochBinding):
     def _stalled(self) -> bool:
         return self._pinned and time.monotonic() - self._last_pull > self._timeout * FENCE_FRACTION
 
-    def owns(self, delivery: Delivery) -> bool:
-        if delivery.epoch != self._epoch or not self._active:
-            return False
-        if self._stalled():
-            self._lose("no pull answered for too long (stalled or cut off)")
-            return False
-        return True
+    def _stall(self) -> str | None:
+        return "no pull answered for too long (stalled or cut off)" if self._stalled() else None
+
+    def _stop_asking(self) -> None:
+        """Only the pull stops: the pin lapses, or `owns` fences, once no pull is answered."""
+        self._abort_pull()
 
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
@@ -185,37 +166,19 @@ class NatsQueueBinding(EpochBinding):
         if reply is not None:
             await self._nc.publish(reply, b"+ACK")
 
-    def fence(self, reason: str) -> None:
-        self._lose(reason)
-
     async def release(self, standby_delay: float) -> None:
-        if not self._pinned:
-            return
-        self._running.clear()
-        self._abort_pull()
-        was_owner = self._active and self._pin is not None
-        pin = self._pin
-        await self._ack_floor()
-        self._lose("released for handover")
-        await self._nc.flush()
-        if was_owner:
-            await self._unpin_if_mine(pin)
-        await asyncio.sleep(standby_delay)
-        if not self._closed:
-            self._running.set()
+        if self._pinned:
+            await super().release(standby_delay)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._running.set()
+    async def _give_up(self, reason: str) -> None:
+        """Send the ack floor, then UNPIN while the pin is still ours (if still connected)."""
         self._abort_pull()
-        await cancel_and_wait(self._task)
         pin = self._pin if self._active else None
-        if self._nc.is_connected:
+        connected = self._nc.is_connected
+        if connected:
             await self._ack_floor()
-        self._lose("closed")
-        if self._nc.is_connected:
+        self._lose(reason)
+        if connected:
             await self._nc.flush()
             if self._pinned and pin is not None:
                 await self._unpin_if_mine(pin)
@@ -246,23 +209,20 @@ class NatsQueueBinding(EpochBinding):
     def _abort_pull(self) -> None:
         self._pull.done.set()
 
-    async def _pull_loop(self) -> None:
-        while not self._closed:
-            await self._running.wait()
-            if self._closed:
-                return
-            try:
-                self._wake.clear()
-                if await self._should_wait_in_background():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self._timeout / 2)
-                    continue
-                await self._pull_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("queue %d: pull failed: %s", self.queue, exc)
-                await asyncio.sleep(min(self._expires, 0.5))
+    async def _step(self) -> float:
+        """Send the next pull and wait for it, unless this standby should stay out of the way."""
+        await self._running.wait()
+        if self._closed:
+            return 0.0
+        if await self._should_wait_in_background():
+            return self._timeout / 2
+        await self._pull_once()
+        return 0.0
+
+    async def _failed(self, exc: Exception) -> float:
+        log.warning("queue %d: pull failed: %s", self.queue, exc)
+        await asyncio.sleep(min(self._expires, 0.5))
+        return 0.0
 
     async def _should_wait_in_background(self) -> bool:
         """A non-preferred standby stays out of the way while the queue has a live owner or

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from lbg.broker.base import BrokerError, QueueStatus, Resize
@@ -146,10 +146,14 @@ async def switch(
                 f"sequence {seq}: rerun it with --queues {headers.get(QUEUES_HEADER)}"
             )
         return seq
-    return await publish(
-        marker_subject(config.hash_prefix),
-        {GENERATION_HEADER: str(generation), QUEUES_HEADER: str(target)},
-    )
+    headers = {GENERATION_HEADER: str(generation), QUEUES_HEADER: str(target)}
+    try:
+        return await publish(marker_subject(config.hash_prefix), headers)
+    except NoStreamResponseError:
+        raise BrokerError(
+            "the group was created before NATS groups could be resized (its stream has no "
+            f"subject {marker_subject(config.hash_prefix)}): recreate it to resize it"
+        ) from None
 
 
 async def resize(

@@ -6,7 +6,9 @@ nats-py 2.16 drops the consumer fields `priority_groups`, `priority_policy` and
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime
 from typing import Any
 
 import orjson
@@ -14,6 +16,7 @@ from nats.aio.client import Client
 
 API_TIMEOUT = 5.0
 NANOS = 1_000_000_000
+NO_MESSAGE = 10037
 
 
 class JsApiError(Exception):
@@ -103,6 +106,36 @@ async def reset(nc: Client, stream: str, consumer: str) -> dict:
 def next_subject(stream: str, consumer: str) -> str:
     """Where pull requests for a consumer are sent."""
     return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
+def stored_time(text: str) -> float:
+    """Epoch seconds of a message's `time` (RFC 3339 in UTC, up to nanoseconds), which
+    `datetime` alone cannot parse past microseconds."""
+    whole, _, fraction = text.removesuffix("Z").partition(".")
+    moment = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
+    return moment.timestamp() + float(f"0.{fraction or 0}")
+
+
+async def first_stored_after(
+    nc: Client, stream: str, seq: int, subjects: list[str]
+) -> float | None:
+    """When the first message from `seq` on in any of `subjects` was stored (epoch seconds);
+    None if there is none. One STREAM.MSG.GET per subject, since `next_by_subj` takes one."""
+
+    async def first(subject: str) -> tuple[int, float] | None:
+        try:
+            answer = await request(
+                nc, f"$JS.API.STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject}
+            )
+        except JsApiError as exc:
+            if exc.err_code == NO_MESSAGE:
+                return None
+            raise
+        message = answer["message"]
+        return int(message["seq"]), stored_time(message["time"])
+
+    found = [hit for hit in await asyncio.gather(*map(first, subjects)) if hit is not None]
+    return min(found)[1] if found else None
 
 
 def decode_headers(encoded: str | None) -> dict[str, str]:

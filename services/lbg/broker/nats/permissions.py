@@ -9,7 +9,8 @@ The server holds the users (NATS has no API to create them), so this renders the
 - admin (cg-admin, the validator, `lbg` tools): everything.
 - publisher: publish the group's events `<HP>.>` and its summary, read the group config.
 - client (the group's CU): pull from, ack, unpin and reset the group's consumers only, write
-  its queues' owner records, publish validation and dead-letter records and heartbeats.
+  its queues' owner records, publish validation and dead-letter records and heartbeats, and
+  keep the group's parked keys (its KV registry and its parking-lot stream).
 Each reads replies (JetStream API answers, publish acks, pulled messages) only on its own
 inbox prefix `_INBOX.<user>` (the adapter connects with it), never on another user's.
 The client may RESET its consumers because it needs to: on becoming pinned it rewinds the
@@ -32,6 +33,7 @@ from lbg.broker.nats.adapter import (
     inbox_prefix,
 )
 from lbg.broker.nats.generations import history_key, marker_subject
+from lbg.broker.nats.parking import LOT_PREFIX, lot_stream, registry_bucket
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
@@ -85,9 +87,24 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
         f"$KV.{OWNERS_BUCKET}.{group}.*",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.VALIDATION.value}",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.DEAD.value}",
+        *parking_subjects(group),
         control,
     ]
     return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user), control]}}
+
+
+def parking_subjects(group: str) -> list[str]:
+    """The group's parked-key registry (read, put, purge a key) and its parking lot (append,
+    read with direct gets, trim with a purge): this group's only."""
+    lot, bucket = lot_stream(group), registry_bucket(group)
+    return [
+        f"{LOT_PREFIX}.{group}.*",
+        f"$JS.API.DIRECT.GET.{lot}",
+        f"$JS.API.STREAM.PURGE.{lot}",
+        f"$JS.API.STREAM.INFO.KV_{bucket}",
+        f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.*",
+        f"$KV.{bucket}.*",
+    ]
 
 
 def authorization_block(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,13 +40,36 @@ Stint = tuple[Generation, int]
 @dataclass(frozen=True)
 class GroupStints:
     """What a queue's stints need from the adapter: the group's events stream, its history,
-    and a binding to one generation's consumer."""
+    a consumer's settings (priority timeout, cumulative acks) and the owner-record claim."""
 
     nc: Client
     stream: str
     config: GroupConfig
     history: Callable[[], Awaitable[list[Generation]]]
-    open: Callable[[Stint, bool, StateListener | None], Awaitable[NatsQueueBinding]]
+    settings: Callable[[str], Awaitable[tuple[float, bool]]]
+    claim: Callable[[str, str], Awaitable[int]]
+
+    async def open(
+        self, queue: int, stint: Stint, preferred: bool, on_change: StateListener | None
+    ) -> NatsQueueBinding:
+        """A binding of queue `queue` to one generation's consumer."""
+        generation, consumer = stint[0], self.name(stint)
+        priority_timeout, ack_all = await self.settings(consumer)
+        binding = NatsQueueBinding(
+            self.nc,
+            self.stream,
+            consumer,
+            queue,
+            pinned=self.config.exclusive,
+            priority_timeout=priority_timeout,
+            preferred=preferred,
+            on_change=on_change,
+            claim=functools.partial(self.claim, consumer),
+            ack_all=ack_all,
+            ends=self.ends(generation) if self.config.exclusive else None,
+        )
+        binding.end = generation.end
+        return binding
 
     def name(self, stint: Stint) -> str:
         return generations.consumer_name(stint[1], stint[0].index)
@@ -245,7 +269,7 @@ class StintBinding(QueueBinding):
         return True
 
     async def _start(self, stint: Stint) -> None:
-        binding = await self._group.open(stint, self._preferred, self._on_change)
+        binding = await self._group.open(self.queue, stint, self._preferred, self._on_change)
         if self._suspended:
             binding.suspend(True)
         self._stint, self._binding = stint, binding

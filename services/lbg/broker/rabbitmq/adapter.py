@@ -34,6 +34,7 @@ from lbg.broker.base import (
     BrokerError,
     GroupNotFound,
     OutputMessage,
+    ParkingLot,
     PublishError,
     QueueBinding,
     Resize,
@@ -44,6 +45,7 @@ from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
 from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.management import ManagementApi, path_segment
+from lbg.broker.rabbitmq.parking import RabbitParkingLot
 from lbg.broker.rabbitmq.provision import RabbitProvisioning
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -98,6 +100,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
         self._closing = False
         self._claims = OwnerClaims(self._open_channel, self._publish_claim)
+        self._parking: dict[str, RabbitParkingLot] = {}
 
     @classmethod
     async def connect(cls, settings: BrokerSettings, name: str) -> RabbitBroker:
@@ -117,6 +120,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._closing = True
         await cancel_and_wait(self._ticker)
         await self._claims.close()
+        for lot in self._parking.values():
+            await lot.close()
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
@@ -439,6 +444,14 @@ class RabbitBroker(RabbitProvisioning, Broker):
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
+
+    def parking(self, group: str) -> ParkingLot:
+        lot = self._parking.get(group)
+        if lot is None:
+            lot = self._parking[group] = RabbitParkingLot(
+                group, topology.exchange_name(group), self._open_channel, self._publish_claim
+            )
+        return lot
 
     async def read_output(self, group: str) -> AsyncIterator[OutputMessage]:
         """Read the output stream from its first offset; after a lost connection, resume

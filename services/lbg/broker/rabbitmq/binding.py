@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.aio import cancel_and_wait
-from lbg.broker.base import Delivery, EpochBinding, StateListener
+from lbg.broker.base import Delivery, LoopBinding, StateListener
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class _Stint:
     claiming: asyncio.Task[None] | None = None
 
 
-class RabbitQueueBinding(EpochBinding):
+class RabbitQueueBinding(LoopBinding):
     """One client's consumer on one queue, active (receiving) or waiting in line."""
 
     def __init__(
@@ -69,7 +68,7 @@ class RabbitQueueBinding(EpochBinding):
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
     ) -> None:
-        super().__init__(queue, on_change)
+        super().__init__(queue, on_change, preferred)
         self._claim = claim
         self._name = queue_name
         self._tag_prefix = tag_prefix
@@ -79,18 +78,9 @@ class RabbitQueueBinding(EpochBinding):
         self._poll = poll_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
-        self._preferred = preferred
         self._stint: _Stint | None = None
         self._stints = 0
-        self._running = asyncio.Event()
-        self._running.set()
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._task = asyncio.create_task(self._loop(), name=f"consume-{queue_name}")
-
-    @property
-    def active(self) -> bool:
-        return self._active
+        self._start(f"consume-{queue_name}")
 
     @property
     def pin(self) -> str | None:
@@ -100,19 +90,6 @@ class RabbitQueueBinding(EpochBinding):
     def waiting(self) -> bool:
         return self._preferred and self._stint is not None and not self._active
 
-    def set_preferred(self, preferred: bool) -> None:
-        if preferred != self._preferred:
-            self._preferred = preferred
-            self._wake.set()
-
-    def suspend(self, suspended: bool) -> None:
-        if suspended:
-            self._running.clear()
-            self._lose("suspended")
-            self._wake.set()
-        elif not self._closed:
-            self._running.set()
-
     async def pinned_by(self) -> str | None:
         """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
         queue itself (connection closed) and a stalled one's after the heartbeat timeout."""
@@ -121,13 +98,10 @@ class RabbitQueueBinding(EpochBinding):
     async def evict(self, pin: str) -> bool:
         return False
 
-    def owns(self, delivery: Delivery) -> bool:
-        if delivery.epoch != self._epoch or not self._active:
-            return False
+    def _stall(self) -> str | None:
         if self._paused_for() > self._stall_limit:
-            self._lose("this process was paused past the heartbeat timeout (stalled)")
-            return False
-        return True
+            return "this process was paused past the heartbeat timeout (stalled)"
+        return None
 
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
@@ -140,25 +114,8 @@ class RabbitQueueBinding(EpochBinding):
             return False
         return True
 
-    def fence(self, reason: str) -> None:
+    async def _give_up(self, reason: str) -> None:
         self._lose(reason)
-
-    async def release(self, standby_delay: float) -> None:
-        self._running.clear()
-        self._lose("released for handover")
-        await self._leave_line()
-        await asyncio.sleep(standby_delay)
-        if not self._closed:
-            self._running.set()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._running.set()
-        self._wake.set()
-        await cancel_and_wait(self._task)
-        self._lose("closed")
         await self._leave_line()
 
     def _lose(self, reason: str) -> None:
@@ -176,42 +133,29 @@ class RabbitQueueBinding(EpochBinding):
             with contextlib.suppress(Exception):
                 await stint.channel.close()
 
-    async def _loop(self) -> None:
-        while not self._closed:
-            self._wake.clear()
-            try:
-                await self._step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
-                await self._leave_line()
-                await asyncio.sleep(self._poll)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll)
+    async def _failed(self, exc: Exception) -> float:
+        log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+        await self._leave_line()
+        await asyncio.sleep(self._poll)
+        return 0.0
 
-    async def _step(self) -> None:
-        """Join the line, leave it, or stay, as the steering rules say."""
+    async def _step(self) -> float:
+        """Join the line, leave it, or stay, as the steering rules say; then wait a poll."""
         stint = self._stint
         if not self._running.is_set():
             if self._active:
                 self._lose("stopped consuming")
             await self._leave_line()
             await self._running.wait()
-            return
-        if stint is not None and not stint.tag:
+        elif stint is not None and not stint.tag:
             await self._leave_line()
-            return
-        if stint is not None and stint.channel.is_closed:
+        elif stint is not None and stint.channel.is_closed:
             self._stint = None
             self._lose("channel closed by the broker")
-            return
-        if stint is None:
+        elif stint is None:
             if self._preferred or not self._exclusive or not await self._consumers():
                 await self._join_line()
-            return
-        if (
+        elif (
             self._exclusive
             and not self._preferred
             and not self._active
@@ -219,6 +163,7 @@ class RabbitQueueBinding(EpochBinding):
             and await self._consumers() > 1
         ):
             await self._leave_line()
+        return self._poll
 
     async def _consumers(self) -> int:
         return await self._count_consumers(self._name)

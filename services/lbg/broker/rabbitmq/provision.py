@@ -45,6 +45,7 @@ class RabbitProvisioning:
         ]
         objects += [("queue", topology.queue_name(name, q)) for q in range(config.queue_count)]
         objects.append(("queue", topology.output_queue_name(name)))
+        objects.append(("queue", topology.parked_stream_name(name)))
         for kind, object_name in objects:
             if await self._exists(kind, object_name):
                 if kind == "queue" and object_name == topology.config_queue_name(name):
@@ -94,6 +95,13 @@ class RabbitProvisioning:
             )
             created.append(("queue", owners.name))
             await owners.bind(exchange, topology.owners_binding_key(name))
+            parked = await channel.declare_queue(
+                topology.parked_stream_name(name),
+                durable=True,
+                arguments=topology.output_arguments(),
+            )
+            created.append(("queue", parked.name))
+            await parked.bind(exchange, topology.parked_routing_key(name))
             stored = await channel.declare_queue(
                 topology.config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
             )
@@ -323,6 +331,7 @@ class RabbitProvisioning:
                 await channel.queue_delete(topology.queue_name(name, queue))
             await channel.queue_delete(topology.output_queue_name(name))
             await channel.queue_delete(topology.owners_stream_name(name))
+            await channel.queue_delete(topology.parked_stream_name(name))
             await channel.exchange_delete(topology.exchange_name(name))
             await channel.queue_delete(topology.config_queue_name(name))
         except AMQPError as exc:

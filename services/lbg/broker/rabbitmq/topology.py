@@ -24,6 +24,7 @@ from lbg.model.destinations import (
 from lbg.model.group import GroupConfig
 
 CONTROL_PREFIX = "_lbgctl"
+PARK_PREFIX = "_lbgpark"
 MAX_ROUTING_KEY_BYTES = 255
 OUTPUT_MAX_BYTES = 1024**3
 MEMBER_QUEUE_EXPIRES_MS = 60_000
@@ -74,6 +75,15 @@ def control_routing_key(group: str) -> str:
 def owners_stream_name(group: str) -> str:
     """The stream of owner claims; a claim's offset is its queue's new ownership epoch."""
     return f"lbg.{group}.owners"
+
+
+def parked_stream_name(group: str) -> str:
+    """The stream of the group's parked keys and events (broker/rabbitmq/parking.py)."""
+    return f"lbg.{group}.parked"
+
+
+def parked_routing_key(group: str) -> str:
+    return f"{PARK_PREFIX}.{group}"
 
 
 def owners_routing_key(group: str, queue: int) -> str:
@@ -135,14 +145,15 @@ def client_permissions(groups: list[str]) -> dict[str, str]:
     return {
         "configure": f"^{private}$",
         "write": f"^(?:{mine}|{private})$",
-        "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config|\.owners)?|{private})$",
+        "read": rf"^(?:{mine}(?:\.q\d+|\.out|\.config|\.owners|\.parked)?|{private})$",
     }
 
 
 def client_topic_permissions(group: str) -> dict[str, str]:
     """Topic authorisation on the group's exchange: write access to it would also let the
     client publish events, so its routing keys are limited to the group's validation and
-    dead-letter outputs, heartbeats and owner claims (not the publishers' summary), and its
+    dead-letter outputs, heartbeats, owner claims and its parking stream (not the publishers'
+    summary), and its
     bindings to the heartbeats."""
     outputs = "|".join(
         re.escape(routing_key(output_destination(group, kind)))
@@ -150,9 +161,10 @@ def client_topic_permissions(group: str) -> dict[str, str]:
     )
     control = re.escape(control_routing_key(group))
     claims = re.escape(f"{CONTROL_PREFIX}.{group}.owners.") + r"[0-9]+"
+    parking = re.escape(f"{PARK_PREFIX}.{group}")
     return {
         "exchange": exchange_name(group),
-        "write": f"^(?:{outputs}|{control}|{claims})$",
+        "write": f"^(?:{outputs}|{control}|{claims}|{parking})$",
         "read": f"^{control}$",
     }
 

@@ -107,10 +107,6 @@ class SolaceQueueBinding(EpochBinding):
         await self._bind()
 
     @property
-    def active(self) -> bool:
-        return self._active
-
-    @property
     def pin(self) -> str | None:
         """A token naming this client's current flow, while it is the active one."""
         if not self._exclusive or not self.active:
