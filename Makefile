@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: constraints test-compose demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
+.PHONY: constraints test-compose demo test test-solace test-messagedb test-slow soak lint bench bench-rebalance bench-resize venv clean up scale down autoscale deploy-check dataset replay spark-cluster spark-cluster-down peak bench-replay
 
 # The bare install is the daemons only; the make targets and the tests use every extra:
 # [replay] (Spark, Arrow), [loadtest] (Locust, matplotlib) and [test]. Versions are pinned by
@@ -82,6 +82,9 @@ bench: $(STAMP)  ## end-to-end throughput: sticky vs competing consumers vs the 
 
 bench-rebalance: $(STAMP)  ## join, crash and planned-handover latency; dynamic vs static join
 	$(BIN)/python bench/rebalance.py $(ARGS)
+
+bench-resize: $(STAMP)  ## how long each bucket pauses while a NATS group is resized under load
+	$(BIN)/python bench/resize.py $(ARGS)
 
 up: $(STAMP)  ## a local stack in the background: broker, group, publisher, validator, clients
 	$(BIN)/lbg local up $(ARGS)

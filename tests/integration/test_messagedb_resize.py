@@ -4,39 +4,23 @@ finds nothing lost or reordered."""
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import orjson
 import pytest
-from tests.support.processes import cli, run_validator, wait_for_log
+from tests.support.processes import cli, resizable_group, run_validator, wait_for_log
 
 from lbg.broker.messagedb import generations
 from lbg.devstack.brokers import BrokerEndpoint
-from lbg.devstack.deployment import LocalDeployment, script
+from lbg.devstack.deployment import LocalDeployment
 
 
 @pytest.fixture
 def group(messagedb: BrokerEndpoint) -> Iterator[str]:
-    name = f"r{uuid.uuid4().hex[:10]}"
-    cli(
-        "cg-admin",
-        "--broker-url",
-        messagedb.url,
-        "create",
-        "--group",
-        name,
-        "--hash-prefix",
-        name,
-        "--hash-count",
-        "24",
-        "--queue-count",
-        "2",
-    )
-    yield name
-    cli("cg-admin", "--broker-url", messagedb.url, "delete", name, check=False)
+    with resizable_group(messagedb.url, 2) as name:
+        yield name
 
 
 @pytest.fixture
@@ -139,17 +123,3 @@ def test_resize_refuses_a_size_that_does_not_divide_the_hash_count(
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "QC (queue count) 5" in result.stderr and "HC (hash count) 24" in result.stderr
-
-
-def test_resize_is_refused_on_other_brokers(nats_url: str) -> None:
-    import subprocess
-
-    result = subprocess.run(
-        [script("cg-admin"), "--broker-url", nats_url, "resize", "g", "--queues", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert "only Message DB groups" in result.stderr

@@ -1,9 +1,11 @@
 """Running the project's commands from tests: one-shot CLIs and the validator to completion."""
 
+import contextlib
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 
 import orjson
 
@@ -18,6 +20,18 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed ({result.returncode}): {result.stderr}")
     return result
+
+
+@contextlib.contextmanager
+def resizable_group(url: str, queue_count: int) -> Iterator[str]:
+    """A fresh group (HC 24) created with cg-admin for a resize test; deleted after."""
+    name = f"r{uuid.uuid4().hex[:10]}"
+    create = ("create", "--group", name, "--hash-prefix", name, "--hash-count", "24")
+    cli("cg-admin", "--broker-url", url, *create, "--queue-count", str(queue_count))
+    try:
+        yield name
+    finally:
+        cli("cg-admin", "--broker-url", url, "delete", name, check=False)
 
 
 def run_validator(deployment: LocalDeployment, timeout: float = 60.0) -> dict:

@@ -445,6 +445,19 @@ def test_status_shows_a_resized_groups_generation_and_the_members_behind_it() ->
     assert "runs generation" not in member_lines["a"]
 
 
+def test_status_lists_the_old_generations_queues_still_draining() -> None:
+    old = QueueStatus(3, "g/q3 (generation 0, acked up to 90 of 120)", [3, 7, 11], 4, 2, None)
+    status = group_status("g", CONFIG, statuses(), {}, OverrideBook(), 0.5)
+    status = dataclasses.replace(status, draining=[old])
+    assert status.to_text().splitlines()[-1] == (
+        "draining: g/q3 (generation 0, acked up to 90 of 120): buckets [3,7,11], backlog 4,"
+        " in flight 2"
+    )
+    assert status.to_dict()["draining"] == [
+        {"name": old.name, "buckets": [3, 7, 11], "backlog": 4, "in_flight": 2}
+    ]
+
+
 def test_status_marks_moving_draining_idle_and_pinned_queues() -> None:
     heartbeats = {
         "a": beat("a", owns=[0, 1, 2]),

@@ -77,6 +77,8 @@ class GroupStatus:
     members: list[MemberRow]
     queues: list[QueueRow]
     overrides: list[Override]
+    # An older generation's queues still draining after a resize (broker.draining).
+    draining: list[QueueStatus] = dataclasses.field(default_factory=list)
 
     @property
     def dynamic(self) -> bool:
@@ -94,6 +96,15 @@ class GroupStatus:
             "members": [dataclasses.asdict(m) for m in self.members],
             "queues": [dataclasses.asdict(q) for q in self.queues],
             "overrides": {str(o.queue): o.to for o in self.overrides},
+            "draining": [
+                {
+                    "name": d.name,
+                    "buckets": d.buckets,
+                    "backlog": d.backlog,
+                    "in_flight": d.in_flight,
+                }
+                for d in self.draining
+            ],
         }
 
     def to_text(self) -> str:
@@ -140,6 +151,11 @@ class GroupStatus:
         )
         for o in self.overrides:
             lines.append(f"override: queue {o.queue} -> {o.to} (lbg move)")
+        for d in self.draining:
+            lines.append(
+                f"draining: {d.name}: buckets {short_list(d.buckets)}, backlog {d.backlog},"
+                f" in flight {d.in_flight}"
+            )
         return "\n".join(lines)
 
 
@@ -247,7 +263,9 @@ async def read_status(broker: Broker, group: str, listen: float) -> GroupStatus:
     async with ControlListener(broker, group) as listener:
         await asyncio.sleep(listen)
         statuses = await broker.queue_status(group, config)
-    return group_status(group, config, statuses, listener.heartbeats, listener.book, listen)
+        draining = await broker.draining(group, config)
+    status = group_status(group, config, statuses, listener.heartbeats, listener.book, listen)
+    return dataclasses.replace(status, draining=draining)
 
 
 @dataclass(frozen=True, slots=True)

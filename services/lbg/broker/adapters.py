@@ -24,7 +24,9 @@ class Adapter:
 
 
 ADAPTERS = (
-    Adapter("NATS JetStream", "nats", ("nats", "tls"), tls_schemes=frozenset({"tls"})),
+    Adapter(
+        "NATS JetStream", "nats", ("nats", "tls"), tls_schemes=frozenset({"tls"}), resizable=True
+    ),
     Adapter(
         "RabbitMQ",
         "rabbitmq",

@@ -487,6 +487,10 @@ class Broker(abc.ABC):
             "time; on this broker a group's queues are fixed when it is created"
         )
 
+    async def draining(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        """The queues of older generations that a resize left draining (none by default)."""
+        return []
+
     @abc.abstractmethod
     async def read_group(self, name: str) -> GroupConfig:
         """Read a group's config from the broker's store (the JNDI analogue)."""

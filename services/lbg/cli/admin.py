@@ -323,9 +323,10 @@ def upgrade(ctx: click.Context, group: str) -> None:
 )
 @click.pass_context
 def resize(ctx: click.Context, group: str, queue_count: int) -> None:
-    """Message DB only: change a running group's QC. Events up to now are read under the old
-    size, later ones under the new; the new members start once the old ones are drained.
-    Running clients follow: they hear of the new size at once and bind or retire queues."""
+    """NATS JetStream and Message DB: change a running group's QC. Events up to now are read
+    under the old size, later ones under the new; the new queues start once the old ones that
+    carried their buckets are drained. Running clients follow: they hear of the new size at
+    once and bind or retire queues."""
     settings = _settings(ctx, name=group)
     with one_line_errors():
         validate_group_name(group)
@@ -334,7 +335,7 @@ def resize(ctx: click.Context, group: str, queue_count: int) -> None:
         done, not_told = await resize_group(broker, group, queue_count)
         click.echo(
             f"group '{group}': QC {done.before.queue_count} -> {done.after.queue_count} after "
-            f"global position {done.switch_position} (generation {done.after.generation}); "
+            f"position {done.switch_position} (generation {done.after.generation}); "
             "running clients follow it"
         )
         if not_told:

@@ -38,9 +38,9 @@ import orjson
 
 from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener
 from lbg.broker.messagedb import generations
-from lbg.broker.messagedb.generations import Generation
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
+from lbg.model.generations import Generation, members_for
 
 log = logging.getLogger(__name__)
 
@@ -281,12 +281,8 @@ class MessageDbBinding(LoopBinding):
             self._stint = (self._generations[self._stint[0].index], self._stint[1])
 
     def _members(self, generation: Generation) -> list[int]:
-        """The members this queue reads in a generation (see the module docstring)."""
-        size = self._generations[-1].size
-        members = [self.queue] if self.queue < generation.size else []
-        if self.queue < size:
-            members += [r for r in range(size, generation.size) if r % size == self.queue]
-        return members
+        """The members this queue reads in a generation (model/generations.py)."""
+        return members_for(self.queue, generation, self._generations[-1].size)
 
     async def _next_stint(self, conn: asyncpg.Connection) -> tuple[Generation, int] | None:
         """The first stint of this queue not drained yet, from the lowest generation on."""

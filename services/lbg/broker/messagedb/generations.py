@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from dataclasses import dataclass
 
 import asyncpg
 import orjson
 
 from lbg.broker.base import BrokerError, Resize
 from lbg.broker.messagedb import naming
-from lbg.model.group import MAX_GENERATION, GroupConfig
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """One size of the group and the global positions it reads."""
-
-    index: int
-    size: int
-    start: int
-    end: int | None  # None while it is the current generation
+from lbg.model.generations import Generation, check_queue_count
+from lbg.model.group import GroupConfig
 
 
 async def load(conn: asyncpg.Connection, group: str) -> list[Generation]:
@@ -108,13 +98,10 @@ async def resize(conn: asyncpg.Connection, group: str, queue_count: int) -> Resi
         if row is None:
             raise BrokerError(f"group '{group}' does not exist (no config stream)")
         config = GroupConfig.from_json(row["data"])
-        if config.hash_count % queue_count or queue_count > config.hash_count:
-            raise BrokerError(
-                f"cannot resize group '{group}' to QC (queue count) {queue_count}: it must divide "
-                f"HC (hash count) {config.hash_count}, so every stream keeps its bucket's member"
-            )
-        if int(row["position"]) + 1 > MAX_GENERATION:
-            raise BrokerError(f"group '{group}' was resized {MAX_GENERATION} times already")
+        try:
+            check_queue_count(group, config, queue_count, divide=True)
+        except ValueError as exc:
+            raise BrokerError(str(exc)) from None
         category = naming.source_category(config)
         await conn.execute("SELECT message_store.acquire_lock($1)", f"{category}-resize")
         switch = await conn.fetchval(

@@ -50,13 +50,15 @@ from lbg.broker.base import (
     PublishError,
     QueueBinding,
     QueueStatus,
+    Resize,
     StateListener,
     UndeliverableEvent,
     needs_upgrade,
 )
-from lbg.broker.nats import jsapi
+from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
-from lbg.broker.nats.binding import PRIORITY_GROUP, NatsQueueBinding
+from lbg.broker.nats.binding import PRIORITY_GROUP
+from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.parking import (
     NatsParkingLot,
     lot_stream,
@@ -64,8 +66,10 @@ from lbg.broker.nats.parking import (
     registry_bucket,
 )
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
+from lbg.broker.nats.stints import GroupStints, StintBinding
 from lbg.broker.nats.unpins import UnpinWatch
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
+from lbg.model.generations import Generation
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import event_digest
 from lbg.settings import BrokerSettings
@@ -122,15 +126,6 @@ def inbox_prefix(user: str | None) -> str:
     `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
     Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
     return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
-
-
-def consumer_name(queue: int) -> str:
-    return f"q{queue}"
-
-
-def bucket_filters(config: GroupConfig, queue: int) -> list[str]:
-    """The queue's subscriptions: `<HP>.<b>.>` for each of its buckets."""
-    return [f"{config.hash_prefix}.{b}.>" for b in config.buckets_for_queue(queue)]
 
 
 async def claim_epoch(owners: KeyValue, key: str, record: bytes) -> int:
@@ -254,6 +249,7 @@ def _explain(error: str) -> str:
 class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
+    resizable = True
     publisher_users_hint = (
         "NATS users live in the server config: render them with"
         " python -m lbg.broker.nats.permissions --publisher-user U"
@@ -340,8 +336,12 @@ class NatsBroker(Broker):
                 StreamConfig(
                     name=events_stream(name),
                     # One subject per bucket: an event to a bucket outside HC is refused
-                    # (no stream answers), rather than stored where no queue reads it.
-                    subjects=[f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)],
+                    # (no stream answers), rather than stored where no queue reads it; and
+                    # the resize markers (generations.py).
+                    subjects=[
+                        *(f"{config.hash_prefix}.{b}.>" for b in range(config.hash_count)),
+                        marker_subject(config.hash_prefix),
+                    ],
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
@@ -365,15 +365,7 @@ class NatsBroker(Broker):
                 await jsapi.create_consumer(
                     self._nc,
                     events_stream(name),
-                    jsapi.pinned_consumer_config(
-                        consumer_name(queue),
-                        bucket_filters(config, queue),
-                        PRIORITY_GROUP if config.exclusive else None,
-                        self._priority_timeout,
-                        max_ack_pending=1000,
-                        ack_wait=ACK_WAIT,
-                        replicas=config.replicas,
-                    ),
+                    self._consumer_config(config, queue, consumer_name(queue), None),
                 )
             # Here, so clients never need to create it.
             await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
@@ -384,6 +376,47 @@ class NatsBroker(Broker):
                 with contextlib.suppress(Exception):
                     await self._js.delete_stream(stream)
             raise GroupExists(f"cannot create group '{name}': {exc}") from None
+
+    def _consumer_config(
+        self,
+        config: GroupConfig,
+        queue: int,
+        name: str,
+        start: int | None,
+        priority_timeout: float | None = None,
+    ) -> dict[str, object]:
+        """The durable consumer of one queue, reading from stream sequence `start` if given."""
+        return jsapi.pinned_consumer_config(
+            name,
+            bucket_filters(config, queue),
+            PRIORITY_GROUP if config.exclusive else None,
+            priority_timeout or self._priority_timeout,
+            max_ack_pending=1000,
+            ack_wait=ACK_WAIT,
+            replicas=config.replicas,
+            start=start,
+        )
+
+    async def resize_group(self, name: str, queue_count: int) -> Resize:
+        """Switch the group to `queue_count` queues at a marker in its stream (generations.py);
+        the new consumers keep the current ones' priority timeout."""
+        config = await self.read_group(name)
+        configs = await self._bucket(CONFIG_BUCKET, create=False)
+        timeout, _ = await self._consumer_settings(name, 0, consumer_name(0, config.generation))
+
+        async def publish(subject: str, headers: dict[str, str]) -> int:
+            return int((await self._js.publish(subject, b"", headers=headers)).seq)
+
+        def consumer_config(new: GroupConfig, queue: int, consumer: str, start: int) -> dict:
+            return self._consumer_config(new, queue, consumer, start, timeout)
+
+        try:
+            return await generations.resize(
+                self._nc, configs, name, queue_count, publish, events_stream(name), consumer_config
+            )
+        except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
+            reason = exc or type(exc).__name__
+            raise BrokerError(f"cannot resize group '{name}': {reason}") from None
 
     async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
         try:
@@ -415,7 +448,7 @@ class NatsBroker(Broker):
         except (NotFoundError, NoKeysError):
             return {}
         groups = {}
-        for name in sorted(names):
+        for name in sorted(n for n in names if not n.endswith(generations.HISTORY_SUFFIX)):
             with contextlib.suppress(GroupNotFound, BrokerError):
                 groups[name] = await self.read_group(name)
         return groups
@@ -442,13 +475,17 @@ class NatsBroker(Broker):
             for key in await owners.keys():
                 if key.startswith(f"{name}."):
                     await owners.purge(key)
-        await (await self._bucket(CONFIG_BUCKET)).purge(name)
+        configs = await self._bucket(CONFIG_BUCKET)
+        with contextlib.suppress(NotFoundError):
+            await configs.purge(generations.history_key(name))
+        await configs.purge(name)
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
         owners = await self._owners(name)
         status = []
         for queue in range(config.queue_count):
-            info = await jsapi.consumer_info(self._nc, events_stream(name), consumer_name(queue))
+            consumer = consumer_name(queue, config.generation)
+            info = await jsapi.consumer_info(self._nc, events_stream(name), consumer)
             pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
             owner = owners.get(queue)
             active = owner["client"] if owner and owner.get("pin") in pins else None
@@ -466,7 +503,7 @@ class NatsBroker(Broker):
             status.append(
                 QueueStatus(
                     queue=queue,
-                    name=f"{name}/{consumer_name(queue)}",
+                    name=f"{name}/{consumer}",
                     buckets=config.buckets_for_queue(queue),
                     backlog=backlog,
                     in_flight=in_flight,
@@ -475,6 +512,10 @@ class NatsBroker(Broker):
                 )
             )
         return status
+
+    async def draining(self, name: str, config: GroupConfig) -> list[QueueStatus]:
+        configs = await self._bucket(CONFIG_BUCKET, create=False)
+        return await generations.draining(self._nc, configs, events_stream(name), name, config)
 
     async def _owners(self, group: str) -> dict[int, dict]:
         owners = await self._bucket(OWNERS_BUCKET)
@@ -521,41 +562,40 @@ class NatsBroker(Broker):
         preferred: bool = True,
         on_change: StateListener | None = None,
     ) -> QueueBinding:
-        stream, consumer = events_stream(group), consumer_name(queue)
+        await self._consumer_settings(group, queue, consumer_name(queue, config.generation))
+        try:
+            owners = await self._bucket(OWNERS_BUCKET, create=False)
+        except BucketNotFoundError:
+            raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
+
+        async def history() -> list[Generation]:
+            configs = await self._bucket(CONFIG_BUCKET, create=False)
+            return (await generations.load(configs, group, await self.read_group(group)))[0]
+
+        async def settings(consumer: str) -> tuple[float, bool]:
+            return await self._consumer_settings(group, queue, consumer)
+
+        async def claim(consumer: str, pin: str) -> int:
+            record = orjson.dumps({"client": client_id, "pin": pin, "consumer": consumer})
+            return await claim_epoch(owners, f"{group}.{queue}", record)
+
+        stints = GroupStints(
+            self._nc, events_stream(group), config, history, settings, claim, self._unpins.watch
+        )
+        return StintBinding(queue, stints, await history(), preferred, on_change)
+
+    async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
+        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all)."""
+        stream = events_stream(group)
         try:
             info = await jsapi.consumer_info(self._nc, stream, consumer)
         except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
             refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
             reason = refused or exc or "no answer"
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        try:
-            owners = await self._bucket(OWNERS_BUCKET, create=False)
-        except BucketNotFoundError:
-            raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
-        priority_timeout = timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout
-
-        async def claim(pin: str) -> int:
-            record = orjson.dumps({"client": client_id, "pin": pin})
-            return await claim_epoch(owners, f"{group}.{queue}", record)
-
-        binding = NatsQueueBinding(
-            self._nc,
-            stream,
-            consumer,
-            queue,
-            pinned=config.exclusive,
-            priority_timeout=priority_timeout,
-            preferred=preferred,
-            on_change=on_change,
-            claim=claim,
-            ack_all=ack_all,
-            advised=config.exclusive,
-        )
-        if config.exclusive:
-            await self._unpins.watch(stream, consumer, binding)
-        return binding
+        return (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

@@ -28,7 +28,8 @@ from nats.aio.subscription import Subscription
 from lbg.broker.base import Delivery, LoopBinding, StateListener
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.ackfloor import AckFloor
-from lbg.broker.nats.acksubject import consumer_sequence, delivery_count
+from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
+from lbg.broker.nats.generations import is_end
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ ADVISED_EMPTY_PULLS = 3 * ADVISED_LOOK_TIMEOUTS
 
 # Records this client as the queue's owner under `pin`; returns the new ownership epoch.
 ClaimEpoch = Callable[[str], Awaitable[int]]
+# The stream sequence of the marker that ended this consumer's generation, if one did.
+FindEnd = Callable[[], Awaitable[int | None]]
 
 
 @dataclass(eq=False)
@@ -75,9 +78,14 @@ class NatsQueueBinding(LoopBinding):
         claim: ClaimEpoch | None = None,
         ack_all: bool = False,
         advised: bool = False,
+        ends: tuple[str, int, FindEnd] | None = None,
     ) -> None:
         super().__init__(queue, on_change, preferred)
         self._advised = advised
+        # Where the group can be resized: the marker subject, this consumer's generation, and
+        # how to find its end marker when taking over (a former owner may have acked it).
+        self._ends = ends
+        self.end: int | None = None
         self._ack_all = ack_all
         self._floor = AckFloor()
         self._last_delivery: int | None = None
@@ -145,12 +153,17 @@ class NatsQueueBinding(LoopBinding):
             return False
         if not self._ack_all:
             await self._nc.publish(str(delivery.token), b"+ACK")
-        elif self._floor.finish(str(delivery.token)) and not self._floor_due:
+        else:
+            self._finish(str(delivery.token))
+        return True
+
+    def _finish(self, reply: str) -> None:
+        """A delivery is done with: ack the floor soon if it moved."""
+        if self._floor.finish(reply) and not self._floor_due:
             self._floor_due = True
             sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
             self._floor_senders.add(sender)
             sender.add_done_callback(self._floor_senders.discard)
-        return True
 
     async def _ack_floor_soon(self, epoch: int) -> None:
         """Ack the floor once the acks finished in this turn of the loop have joined it; a
@@ -321,14 +334,20 @@ class NatsQueueBinding(LoopBinding):
     async def _take_over(self, pin: str) -> None:
         """Become the owner: rewind to the ack floor so the old owner's unacked work comes
         first, and claim the next ownership epoch (if that fails, the pin is left to lapse)."""
-        answer, epoch = await asyncio.gather(
-            jsapi.reset(self._nc, self._stream, self._consumer), self._claim_epoch(pin)
+        answer, epoch, _ = await asyncio.gather(
+            jsapi.reset(self._nc, self._stream, self._consumer),
+            self._claim_epoch(pin),
+            self._find_end(),
         )
         log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
         self._lose("taking over")
         self._owner_epoch = epoch
         self._pin = pin
         self._set_active(True, "pinned by the broker")
+
+    async def _find_end(self) -> None:
+        if self._ends is not None and self.end is None:
+            self.end = await self._ends[2]()
 
     async def _claim_epoch(self, pin: str) -> int:
         return await self._claim(pin) if self._claim is not None else 0
@@ -355,6 +374,8 @@ class NatsQueueBinding(LoopBinding):
             pull.done.set()
         if self._ack_all and not self._track(pull, msg.reply):
             return
+        if self._ends is not None and self._past_end(msg):
+            return
         self._buffer.put_nowait(
             Delivery(
                 body=msg.data,
@@ -366,6 +387,19 @@ class NatsQueueBinding(LoopBinding):
                 owner_epoch=self._owner_epoch,
             )
         )
+
+    def _past_end(self, msg: Msg) -> bool:
+        """A resize's marker, or an event after the one that ended this consumer's generation
+        (the next generation's consumers read it): acked unprocessed, never handed out."""
+        subject, generation, _ = self._ends  # type: ignore[misc]
+        if msg.subject == subject:
+            if is_end(msg.headers, generation):
+                sequence = stream_sequence(msg.reply)
+                self.end = sequence if self.end is None else min(self.end, sequence)
+        elif self.end is None or stream_sequence(msg.reply) < self.end:
+            return False
+        self._finish(msg.reply)
+        return True
 
     def _track(self, pull: _Pull, reply: str) -> bool:
         """Add a delivery to the ack floor; a gap in the consumer's delivery counter means

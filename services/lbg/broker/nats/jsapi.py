@@ -7,6 +7,7 @@ nats-py 2.16 drops the consumer fields `priority_groups`, `priority_policy` and
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import re
 from typing import Any
@@ -66,19 +67,23 @@ def pinned_consumer_config(
     max_ack_pending: int,
     ack_wait: float,
     replicas: int = 1,
+    start: int | None = None,
 ) -> dict[str, Any]:
-    """A durable pull consumer; with `group`, a pinned_client priority group makes it exclusive
-    and its acks cumulative (AckPolicy all: only its one owner acks, so one ack can stand for
-    every delivery below it); competing consumers ack each message."""
+    """A durable pull consumer, from stream sequence `start` if given; with `group`, a
+    pinned_client priority group makes it exclusive and its acks cumulative (AckPolicy all:
+    only its one owner acks, so one ack can stand for every delivery below it); competing
+    consumers ack each message."""
     config: dict[str, Any] = {
         "durable_name": name,
         "ack_policy": "explicit" if group is None else "all",
-        "deliver_policy": "all",
+        "deliver_policy": "all" if start is None else "by_start_sequence",
         "ack_wait": nanos(ack_wait),
         "max_ack_pending": max_ack_pending,
         "filter_subjects": filter_subjects,
         "num_replicas": replicas,
     }
+    if start is not None:
+        config["opt_start_seq"] = start
     if group is not None:
         config |= {
             "priority_groups": [group],
@@ -142,3 +147,12 @@ async def first_stored_after(
 
     found = [hit for hit in await asyncio.gather(*map(first, subjects)) if hit is not None]
     return min(found)[1] if found else None
+
+
+def decode_headers(encoded: str | None) -> dict[str, str]:
+    """The headers of a message read with STREAM.MSG.GET (base64 of `NATS/1.0` + lines)."""
+    if not encoded:
+        return {}
+    lines = base64.b64decode(encoded).decode(errors="replace").split("\r\n")[1:]
+    pairs = (line.partition(":") for line in lines if ":" in line)
+    return {name.strip(): value.strip() for name, _, value in pairs}

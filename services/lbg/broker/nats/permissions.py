@@ -33,6 +33,7 @@ from lbg.broker.nats.adapter import (
     events_stream,
     inbox_prefix,
 )
+from lbg.broker.nats.generations import history_key, marker_subject
 from lbg.broker.nats.parking import LOT_PREFIX, lot_stream, registry_bucket
 from lbg.broker.nats.unpins import unpinned_subject
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
@@ -48,6 +49,7 @@ def read_config_subjects(group: str) -> list[str]:
     return [
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.$KV.{CONFIG_BUCKET}.{group}",
+        f"$JS.API.DIRECT.GET.{stream}.$KV.{CONFIG_BUCKET}.{history_key(group)}",
     ]
 
 
@@ -57,13 +59,17 @@ def replies(user: str) -> str:
 
 
 def publisher_permissions(group: str, hash_prefix: str, user: str) -> dict[str, Any]:
-    """The group's events and its summary; nothing else, and no subscription but its replies."""
+    """The group's events and its summary; nothing else (not the resize markers, which end a
+    generation), and no subscription but its replies."""
     publish = [
         f"{hash_prefix}.>",
         f"{SYSTEM_PREFIX}.{group}.{OutputKind.SUMMARY.value}",
         *read_config_subjects(group),
     ]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [replies(user)]}}
+    return {
+        "publish": {"allow": publish, "deny": [marker_subject(hash_prefix)]},
+        "subscribe": {"allow": [replies(user)]},
+    }
 
 
 def client_permissions(group: str, user: str) -> dict[str, Any]:
@@ -72,7 +78,11 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
     control = f"{CONTROL_PREFIX}.{group}.>"
     publish = [
         *read_config_subjects(group),
-        *(f"$JS.API.CONSUMER.{verb}.{stream}.*" for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET")),
+        *(
+            f"$JS.API.CONSUMER.{verb}.{stream}.*"
+            for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET", "DELETE")
+        ),
+        f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.ACK.{stream}.>",
         f"$JS.API.STREAM.INFO.KV_{OWNERS_BUCKET}",
         f"$JS.API.DIRECT.GET.KV_{OWNERS_BUCKET}.$KV.{OWNERS_BUCKET}.{group}.*",

@@ -37,6 +37,7 @@ from lbg.broker.base import (
     ParkingLot,
     PublishError,
     QueueBinding,
+    Resize,
     StateListener,
     UndeliverableEvent,
 )
@@ -246,6 +247,14 @@ class RabbitBroker(RabbitProvisioning, Broker):
         return self._management
 
     # -- the group store -----------------------------------------------------------------
+
+    async def resize_group(self, name: str, queue_count: int) -> Resize:
+        """Refused: the group's queues share no sequence to switch at (README, "Resizing")."""
+        raise BrokerError(
+            f"group '{name}': RabbitMQ groups cannot be resized safely at run time: their "
+            "queues share no sequence to mark a switch at, so a moved bucket's events could be "
+            "in its old and new queue at once, out of order; create a group of the new size"
+        )
 
     async def read_group(self, name: str) -> GroupConfig:
         channel = await self._open_channel()
