@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lbg.broker.nats.adapter import inbox_prefix
+from lbg.broker.nats.connection import inbox_prefix
 from lbg.broker.nats.permissions import authorization_block, main
 
 

@@ -8,15 +8,12 @@ JNDI analogue).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-import nats
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -58,6 +55,7 @@ from lbg.broker.base import (
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
+from lbg.broker.nats.connection import ConnectionLog, connect_nats
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.parking import (
     NatsParkingLot,
@@ -73,7 +71,6 @@ from lbg.model.generations import Generation
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import event_digest
 from lbg.settings import BrokerSettings
-from lbg.tls import client_context, wants_tls
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +85,6 @@ ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
-INBOX_ROOT = "_INBOX"
-SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
-_REFUSED = re.compile(r'permissions violation for \w+ to "([^"]+)"', re.I)
 
 
 @functools.lru_cache(maxsize=SUBJECT_CACHE_SIZE)
@@ -121,13 +115,6 @@ def control_subject(group: str) -> str:
     return f"{CONTROL_PREFIX}.{group}.members"
 
 
-def inbox_prefix(user: str | None) -> str:
-    """Where `user`'s replies (API answers, publish acks, pulled messages) arrive:
-    `_INBOX.<user>`, so the server can let each user read its own replies and no one else's.
-    Without a user, or one that is not a single subject token, nats-py's shared `_INBOX`."""
-    return f"{INBOX_ROOT}.{user}" if user and SUBJECT_TOKEN.fullmatch(user) else INBOX_ROOT
-
-
 async def claim_epoch(owners: KeyValue, key: str, record: bytes) -> int:
     """Write a queue's new owner record with compare-and-set; its revision is the queue's new
     ownership epoch, higher than every earlier owner's (a concurrent claim makes one retry)."""
@@ -142,110 +129,6 @@ async def claim_epoch(owners: KeyValue, key: str, record: bytes) -> int:
     raise BrokerError(f"owner record '{key}': changed under {CLAIM_ATTEMPTS} claims in a row")
 
 
-class _ConnectionLog:
-    """Logs connection trouble, but not the disconnect that our own close causes."""
-
-    def __init__(self) -> None:
-        self.closing = False
-        self.connected = False
-        self.last_error = ""
-        self.refused: set[str] = set()
-
-    def refusal(self, subject: str) -> str | None:
-        """Why nothing came back for `subject`, if the server refused this user publishing to
-        it (a refused request gets no answer at all: the caller only sees a timeout)."""
-        if subject.lower() not in self.refused:
-            return None
-        return f"not permitted: the server refused this user publishing to '{subject}'"
-
-    async def error(self, exc: Exception) -> None:
-        self.last_error = " ".join((str(exc) or type(exc).__name__).split())
-        denied = _REFUSED.search(self.last_error)
-        if denied:
-            self.refused.add(denied.group(1).lower())
-            log.warning("broker refused: %s", self.last_error)
-        elif self.connected:
-            log.warning("broker connection error: %s", self.last_error)
-        else:
-            log.debug("broker not reachable yet: %s", self.last_error)
-
-    async def disconnected(self) -> None:
-        if not self.closing:
-            log.warning("disconnected from the broker; reconnecting")
-
-    async def reconnected(self) -> None:
-        log.info("reconnected to the broker")
-
-
-async def connect_nats(settings: BrokerSettings, name: str, events: _ConnectionLog) -> Client:
-    """Connect, retrying for `connect_timeout` seconds so that start-up order does not matter.
-
-    Once connected, the client reconnects by itself for as long as it runs. TLS (tls://, or
-    any tls_* key) verifies the server against `tls_ca_file`, else the system's CAs.
-    """
-    user, password = settings.login()
-    if password is None:
-        user = None  # nats-py reads a URL's lone user as a token
-    try:
-        nc = await asyncio.wait_for(
-            nats.connect(
-                servers=settings.url.split(","),
-                name=name,
-                user=user,
-                password=password,
-                token=settings.token,
-                tls=client_context(settings) if wants_tls(settings) else None,
-                inbox_prefix=inbox_prefix(user),
-                connect_timeout=min(2.0, settings.connect_timeout),
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                error_cb=events.error,
-                disconnected_cb=events.disconnected,
-                reconnected_cb=events.reconnected,
-            ),
-            timeout=settings.connect_timeout,
-        )
-    except TimeoutError:
-        reason = f" ({_explain(events.last_error)})" if events.last_error else ""
-        raise BrokerError(
-            f"cannot connect to {settings.shown_url} within {settings.connect_timeout:g}s{reason}"
-        ) from None
-    if wants_tls(settings) and not nc._server_info.get("tls_required"):
-        # nats-py talks plain text to a server that does not require TLS, even for tls://.
-        await _refuse(
-            nc,
-            events,
-            f"{settings.shown_url}: the server does not require TLS, and TLS was asked for"
-            " (tls:// or a tls_* key): refusing to talk to it in plain text",
-        )
-    version = str(nc._server_info.get("version", ""))
-    if jsapi.server_too_old(version):
-        await _refuse(
-            nc,
-            events,
-            f"{settings.shown_url} runs nats-server {version}; sticky-lbg needs"
-            f" {'.'.join(map(str, jsapi.MIN_SERVER_VERSION))} or newer"
-            " (pinned_client priority groups, consumer reset)",
-        )
-    events.connected = True
-    return nc
-
-
-async def _refuse(nc: Client, events: _ConnectionLog, reason: str) -> None:
-    """Close a connection the pattern cannot use, and say why."""
-    events.closing = True
-    await nc.close()
-    raise BrokerError(reason)
-
-
-def _explain(error: str) -> str:
-    """The connection error, with what to do about the TLS ones."""
-    if "CERTIFICATE_VERIFY_FAILED" in error:
-        return f"{error}: the server's certificate is not trusted; set [broker] tls_ca_file"
-    return error
-
-
 class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
@@ -255,7 +138,7 @@ class NatsBroker(Broker):
         " python -m lbg.broker.nats.permissions --publisher-user U"
     )
 
-    def __init__(self, nc: Client, events: _ConnectionLog, priority_timeout: float = 2.0) -> None:
+    def __init__(self, nc: Client, events: ConnectionLog, priority_timeout: float = 2.0) -> None:
         self._nc = nc
         self._events = events
         self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
@@ -269,7 +152,7 @@ class NatsBroker(Broker):
         cls, settings: BrokerSettings, name: str, priority_timeout: float = 2.0
     ) -> NatsBroker:
         """Connect to the server in `settings`."""
-        events = _ConnectionLog()
+        events = ConnectionLog()
         return cls(await connect_nats(settings, name, events), events, priority_timeout)
 
     def connected(self) -> bool:

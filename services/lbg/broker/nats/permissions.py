@@ -25,14 +25,8 @@ import json
 import sys
 from typing import Any
 
-from lbg.broker.nats.adapter import (
-    CONFIG_BUCKET,
-    CONTROL_PREFIX,
-    OWNERS_BUCKET,
-    SUBJECT_TOKEN,
-    events_stream,
-    inbox_prefix,
-)
+from lbg.broker.nats.adapter import CONFIG_BUCKET, CONTROL_PREFIX, OWNERS_BUCKET, events_stream
+from lbg.broker.nats.connection import SUBJECT_TOKEN, inbox_prefix
 from lbg.broker.nats.generations import history_key, marker_subject
 from lbg.broker.nats.parking import LOT_PREFIX, lot_stream, registry_bucket
 from lbg.broker.nats.unpins import unpinned_subject
