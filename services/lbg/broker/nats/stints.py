@@ -122,6 +122,8 @@ class StintBinding(QueueBinding):
         self._stint: Stint | None = None
         self._binding: NatsQueueBinding | None = None
         self._opened = asyncio.Event()
+        self._interrupted = False
+        self._woken = asyncio.Event()  # a stint opened, or an interrupt came while none was
         self._closed = False
         self._task = asyncio.create_task(self._drive(), name=f"stints-q{queue}")
 
@@ -149,6 +151,24 @@ class StintBinding(QueueBinding):
             await self._opened.wait()
             if self._binding is not None:
                 return await self._binding.next()
+
+    async def next_or_interrupted(self) -> Delivery | None:
+        """The current stint's next delivery; None once interrupted, or when its stint ends."""
+        while True:
+            if self._interrupted:
+                self._interrupted = False
+                return None
+            if self._binding is not None:
+                return await self._binding.next_or_interrupted()
+            self._woken.clear()
+            await self._woken.wait()
+
+    def interrupt(self) -> None:
+        if self._binding is not None:
+            self._binding.interrupt()
+        else:
+            self._interrupted = True
+            self._woken.set()
 
     def ready(self) -> Delivery | None:
         return self._binding.ready() if self._binding is not None else None
@@ -279,6 +299,7 @@ class StintBinding(QueueBinding):
             binding.suspend(True)
         self._stint, self._binding = stint, binding
         self._opened.set()
+        self._woken.set()
         log.info("queue %d: serving consumer %s", self.queue, self._group.name(stint))
 
     async def _finish(self) -> None:
@@ -287,6 +308,7 @@ class StintBinding(QueueBinding):
         stint, binding = self._stint, self._binding
         self._stint = self._binding = None
         self._opened.clear()
+        binding.interrupt()  # a worker waiting on this stint looks again, at the next one
         with contextlib.suppress(*ERRORS):
             await binding.close()
         await self._group.delete(stint)
