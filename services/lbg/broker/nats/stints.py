@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import consumer_of
@@ -232,11 +232,19 @@ class StintBinding(QueueBinding):
     # -- walking the stints ----------------------------------------------------------------
 
     async def _drive(self) -> None:
+        """Walk the stints until closed; a failed round (a broker restart answers 'no
+        responders', a client library cancels a call) is logged and tried again, never the
+        end of the queue's binding."""
         while not self._closed:
             try:
                 await self._step()
-            except ERRORS as exc:
-                log.warning("queue %d: stints: %s", self.queue, exc)
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                log.warning("queue %d: stints: a broker call was cancelled under it", self.queue)
+                await asyncio.sleep(REFRESH_SECONDS)
+            except Exception as exc:
+                log.warning("queue %d: stints: %s", self.queue, exc or type(exc).__name__)
                 await asyncio.sleep(REFRESH_SECONDS)
             await asyncio.sleep(STEP_SECONDS)
 
