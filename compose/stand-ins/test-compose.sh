@@ -15,6 +15,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 PY="${1:-$REPO/.venv/bin/python}"
+case "$PY" in /*) ;; *) PY="$PWD/$PY" ;; esac # the script changes directory; make passes .venv/...
 PROFILES=("${@:2}")
 ((${#PROFILES[@]})) || PROFILES=(nats)
 STATE="${LBG_COMPOSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lbg-compose}"
