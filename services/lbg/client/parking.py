@@ -226,8 +226,9 @@ class HangWatch:
             self._sweeper = asyncio.create_task(self._sweep(self._timeout))
 
     def done(self) -> None:
-        """The running task's handler call ended."""
-        self._calls.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        """The running task's handler call ended (nothing to look up while none is watched)."""
+        if self._calls:
+            self._calls.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
 
     async def _sweep(self, timeout: float) -> None:
         """While calls are in flight: count a stall of each call past its delay, once."""
