@@ -466,7 +466,7 @@ class LbgClient:
                 return LOST
             token = object()
             started = self._busy[token] = time.monotonic()
-            self._hangs.watch(event.key, self._park_after_stalls, started)
+            watched = self._hangs.watch(event.key, self._park_after_stalls, started)
             try:
                 await self._handler(event, context)
                 self._handler_timer(context.queue).observe(time.monotonic() - started)
@@ -491,7 +491,7 @@ class LbgClient:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             finally:
                 del self._busy[token]
-                self._hangs.done()
+                self._hangs.done(watched)
         return None
 
     async def _park(
