@@ -294,6 +294,7 @@ class LbgClient:
     async def _work(self, binding: QueueBinding) -> None:
         lanes = KeyLanes(self._window)
         while not self._stopping and not self._retired(binding):
+            woken = binding.queue in self._interrupted
             self._interrupted.discard(binding.queue)
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
@@ -309,7 +310,7 @@ class LbgClient:
                 )
                 continue
             await self._announce(binding, lanes, binding.active)
-            if binding.queue in self._checked:
+            if woken and binding.queue in self._checked:
                 await self._start_replays(binding, lanes)
             delivery = binding.ready()
             if delivery is None and binding.queue not in self._interrupted:
@@ -361,8 +362,8 @@ class LbgClient:
 
     async def _start_replays(self, binding: QueueBinding, lanes: KeyLanes) -> None:
         """Queue the replay of each key of this queue an operator unparked, in the key's lane
-        (its new events wait behind the replay)."""
-        await self._parking.refresh_if_due()
+        (its new events wait behind the replay). Run on taking the queue over and when the
+        unpark follower (which reads the registry) wakes the worker, not for every event."""
         for key in self._parking.replays_due(lambda key: self._queue_of(key) == binding.queue):
             await lanes.submit(key, partial(self._replay, binding, key))
 
@@ -465,7 +466,7 @@ class LbgClient:
                 return LOST
             token = object()
             started = self._busy[token] = time.monotonic()
-            self._hangs.watch(event.key, self._park_after_stalls, started)
+            watched = self._hangs.watch(event.key, self._park_after_stalls, started)
             try:
                 await self._handler(event, context)
                 self._handler_timer(context.queue).observe(time.monotonic() - started)
@@ -490,7 +491,7 @@ class LbgClient:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             finally:
                 del self._busy[token]
-                self._hangs.done()
+                self._hangs.done(watched)
         return None
 
     async def _park(

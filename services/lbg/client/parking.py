@@ -214,20 +214,23 @@ class HangWatch:
         self._hung: dict[asyncio.Task[object], str] = {}
         self._notes: set[asyncio.Task[None]] = set()
 
-    def watch(self, key: str, limit: int, started: float) -> None:
+    def watch(self, key: str, limit: int, started: float) -> asyncio.Task[object] | None:
         """Watch the running task's handler call of `key` (begun at monotonic `started`)
-        until `done`: a stall is counted just before the stall timeout; a key that stalled
-        `limit - 1` times before is parked at half the timeout instead, before its member
-        would stall."""
+        until `done` is given what this returns: a stall is counted just before the stall
+        timeout; a key that stalled `limit - 1` times before is parked at half the timeout
+        instead, before its member would stall."""
         if self._timeout is None or not self._parking.enabled:
-            return
-        self._calls[asyncio.current_task()] = (key, started, limit)  # type: ignore[index]
+            return None
+        task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
+        self._calls[task] = (key, started, limit)
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep(self._timeout))
+        return task
 
-    def done(self) -> None:
-        """The running task's handler call ended."""
-        self._calls.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+    def done(self, watched: asyncio.Task[object] | None) -> None:
+        """The handler call `watch` returned `watched` for ended (None: it was not watched)."""
+        if watched is not None:
+            self._calls.pop(watched, None)
 
     async def _sweep(self, timeout: float) -> None:
         """While calls are in flight: count a stall of each call past its delay, once."""
