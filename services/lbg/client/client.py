@@ -299,7 +299,13 @@ class LbgClient:
                 self._release_requested.discard(binding.queue)
                 if not binding.active:
                     continue
-                log.info("client %s hands queue %d over", self.client_id, binding.queue)
+                left = lanes.drop_waiting() if binding.returns_unacked_in_order else 0
+                log.info(
+                    "client %s hands queue %d over (%d events left to the next owner)",
+                    self.client_id,
+                    binding.queue,
+                    left,
+                )
                 started = time.monotonic()
                 await lanes.drain()
                 await self._announce(binding, lanes, active=False)
