@@ -51,6 +51,7 @@ class KeyParking:
         self._touched: set[str] = set()
         self._refreshed = float("-inf")
         self._replaying: set[str] = set()
+        self._takeover_reads: dict[int, asyncio.Task[None]] = {}
         self.parked_events = 0
 
     @property
@@ -85,6 +86,36 @@ class KeyParking:
                 fetched[key] = self.records[key]
         self.records = fetched
         self._refreshed = started
+
+    def start_takeover_read(self, queue: int) -> None:
+        """Start reading the registry the moment `queue` is taken over, so the read runs beside
+        the binding's epoch claim rather than after it; it begins after the previous owner
+        let go, so it has every key that owner parked."""
+        self.drop_takeover_read(queue)
+        self._takeover_reads[queue] = asyncio.create_task(
+            self.refresh(), name=f"parked-read-{queue}"
+        )
+
+    async def takeover_read(self, queue: int) -> None:
+        """Wait for the read started when `queue` was taken over (or read now, if none was);
+        BrokerError if the registry cannot be read."""
+        read = self._takeover_reads.pop(queue, None)
+        await (read if read is not None else self.refresh())
+
+    def drop_takeover_read(self, queue: int) -> None:
+        """The queue was lost before its read was awaited: cancel the read, or take its error."""
+        read = self._takeover_reads.pop(queue, None)
+        if read is None:
+            return
+        if not read.done():
+            read.cancel()
+        elif not read.cancelled():
+            read.exception()
+
+    def drop_takeover_reads(self) -> None:
+        """The client stops: drop every read nobody awaited."""
+        for queue in list(self._takeover_reads):
+            self.drop_takeover_read(queue)
 
     async def refresh_if_due(self) -> None:
         """Read the registry if it was not read for REFRESH_SECONDS (failures only logged)."""

@@ -1,0 +1,55 @@
+"""The parked-keys read of a queue taken over starts at the takeover, not at its first event."""
+
+import asyncio
+
+from lbg.client.parking import KeyParking
+from lbg.model.parking import parked
+
+
+class SlowLot:
+    """A parking lot whose registry reads each wait for `gate`, counted."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.reads = 0
+
+    async def records(self, current: bool = True) -> dict[str, bytes]:
+        self.reads += 1
+        await self.gate.wait()
+        return {"k": parked("k", "why", 1, "member-1").to_json()}
+
+
+class LotBroker:
+    def __init__(self, lot: SlowLot) -> None:
+        self.lot = lot
+
+    def parking(self, group: str) -> SlowLot:
+        return self.lot
+
+
+def test_the_read_started_at_takeover_is_the_one_awaited() -> None:
+    async def scenario() -> tuple[int, bool]:
+        lot = SlowLot()
+        parking = KeyParking(LotBroker(lot), "g", "member-2")  # type: ignore[arg-type]
+        parking.start_takeover_read(3)
+        await asyncio.sleep(0)
+        assert lot.reads == 1
+        lot.gate.set()
+        await asyncio.wait_for(parking.takeover_read(3), 1)
+        return lot.reads, parking.is_parked("k")
+
+    assert asyncio.run(scenario()) == (1, True)
+
+
+def test_a_queue_lost_before_its_first_event_drops_its_read() -> None:
+    async def scenario() -> tuple[int, bool]:
+        lot = SlowLot()
+        parking = KeyParking(LotBroker(lot), "g", "member-2")  # type: ignore[arg-type]
+        parking.start_takeover_read(3)
+        await asyncio.sleep(0)
+        parking.drop_takeover_read(3)
+        lot.gate.set()
+        await asyncio.wait_for(parking.takeover_read(3), 1)
+        return lot.reads, parking.is_parked("k")
+
+    assert asyncio.run(scenario()) == (2, True)
