@@ -1,9 +1,10 @@
-"""The parked-keys read of a queue taken over starts at the takeover, not at its first event."""
+"""What a queue taken over or handed over does with the parked keys: the registry read starts
+at the takeover, and a replay left unstarted at a handover is handed out again."""
 
 import asyncio
 
 from lbg.client.parking import KeyParking
-from lbg.model.parking import parked
+from lbg.model.parking import parked, replay_requested
 
 
 class SlowLot:
@@ -53,3 +54,17 @@ def test_a_queue_lost_before_its_first_event_drops_its_read() -> None:
         return lot.reads, parking.is_parked("k")
 
     assert asyncio.run(scenario()) == (2, True)
+
+
+def test_a_replay_left_unstarted_at_a_handover_is_handed_out_again() -> None:
+    lot = SlowLot()
+    parking = KeyParking(LotBroker(lot), "g", "member-2")  # type: ignore[arg-type]
+    parking.records = {
+        key: replay_requested(parked(key, "why", 1, "member-1"), "operator", 0) for key in "ab"
+    }
+    queue_of = {"a": 3, "b": 4}.get
+
+    assert parking.replays_due(lambda key: True) == ["a", "b"]
+    parking.forget_unstarted_replays(queue_of, 3)
+
+    assert parking.replays_due(lambda key: True) == ["a"]

@@ -307,6 +307,7 @@ class LbgClient:
                 log.info("%s (%d events left to the next owner)", handing, left)
                 started = time.monotonic()
                 await lanes.drain()
+                self._parking.forget_unstarted_replays(self._queue_of, binding.queue)
                 await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
                 HANDOVER_SECONDS.labels(self._group, str(binding.queue)).observe(

@@ -87,6 +87,12 @@ class KeyParking:
         self.records = fetched
         self._refreshed = started
 
+    def forget_unstarted_replays(self, queue_of: Callable[[str], int | None], queue: int) -> None:
+        """The worker of `queue` let go with its lanes drained: a replay of one of its keys
+        still marked never ran (left to the next owner at a handover, or skipped), so whoever
+        takes the queue next, this client included, hands it out again."""
+        self._replaying = {key for key in self._replaying if queue_of(key) != queue}
+
     def start_takeover_read(self, queue: int) -> None:
         """Start reading the registry the moment `queue` is taken over, so the read runs beside
         the binding's epoch claim rather than after it; it begins after the previous owner
