@@ -109,19 +109,19 @@ class KeyParking:
         await (read if read is not None else self.refresh())
 
     def drop_takeover_read(self, queue: int) -> None:
-        """The queue was lost before its read was awaited: cancel the read, or take its error."""
+        """The queue was lost before its read was awaited: the read finishes unawaited (not
+        cancelled: that could leave the broker's stream reader half set up for every later
+        read), its error only taken."""
         read = self._takeover_reads.pop(queue, None)
-        if read is None:
-            return
-        if not read.done():
-            read.cancel()
-        elif not read.cancelled():
-            read.exception()
+        if read is not None:
+            read.add_done_callback(_take_error)
 
     def drop_takeover_reads(self) -> None:
-        """The client stops: drop every read nobody awaited."""
-        for queue in list(self._takeover_reads):
-            self.drop_takeover_read(queue)
+        """The client stops, its broker connection with it: cancel every read nobody awaited."""
+        for read in self._takeover_reads.values():
+            read.cancel()
+            read.add_done_callback(_take_error)
+        self._takeover_reads.clear()
 
     async def refresh_if_due(self) -> None:
         """Read the registry if it was not read for REFRESH_SECONDS (failures only logged)."""
@@ -306,3 +306,9 @@ class HangWatch:
         if record.stalls >= limit and not task.done():
             self._hung[task] = f"handler hung past the stall timeout {record.stalls} times"
             task.cancel()
+
+
+def _take_error(read: asyncio.Task[None]) -> None:
+    """Retrieve an unawaited read's error, so asyncio does not report it as never retrieved."""
+    if not read.cancelled():
+        read.exception()
