@@ -168,6 +168,9 @@ class QueueBinding(abc.ABC):
     """
 
     queue: int
+    # A release gives every delivery not acked back to the broker, in its original order and
+    # ahead of later ones: the worker may leave what it has not started to the next owner.
+    returns_unacked_in_order: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

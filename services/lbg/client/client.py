@@ -182,9 +182,11 @@ class LbgClient:
         if active:
             self.stats.active.add(queue)
             self.stats.handovers += 1
+            self._parking.start_takeover_read(queue)
         else:
             self.stats.active.discard(queue)
             self._checked.discard(queue)
+            self._parking.drop_takeover_read(queue)
         log.info(
             "client %s %s queue %d (%s); active on %s",
             self.client_id,
@@ -214,6 +216,7 @@ class LbgClient:
         for binding in list(self._bindings.values()):
             binding.interrupt()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._parking.drop_takeover_reads()
         for binding in self._bindings.values():
             with contextlib.suppress(Exception):
                 await binding.close()
@@ -300,9 +303,12 @@ class LbgClient:
                 self._release_requested.discard(binding.queue)
                 if not binding.active:
                     continue
-                log.info("client %s hands queue %d over", self.client_id, binding.queue)
+                left = lanes.drop_waiting() if binding.returns_unacked_in_order else 0
+                handing = f"client {self.client_id} hands queue {binding.queue} over"
+                log.info("%s (%d events left to the next owner)", handing, left)
                 started = time.monotonic()
                 await lanes.drain()
+                self._parking.forget_unstarted_replays(self._queue_of, binding.queue)
                 await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
                 HANDOVER_SECONDS.labels(self._group, str(binding.queue)).observe(
@@ -351,7 +357,7 @@ class LbgClient:
         (a key parked by the previous owner stays parked); if they cannot be read, give the
         delivery back."""
         try:
-            await self._parking.refresh()
+            await self._parking.takeover_read(binding.queue)
         except BrokerError as exc:
             log.error("queue %d: cannot read the parked keys: %s", binding.queue, exc)
             await asyncio.sleep(self._backoff)
