@@ -57,6 +57,7 @@ from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.connection import ConnectionLog, connect_nats
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
+from lbg.broker.nats.histories import HistoryFeed
 from lbg.broker.nats.parking import (
     NatsParkingLot,
     lot_stream,
@@ -146,6 +147,8 @@ class NatsBroker(Broker):
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
         self._unpins = UnpinWatch(nc)
+        self._histories: dict[str, HistoryFeed] = {}
+        self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
 
     @classmethod
     async def connect(
@@ -160,6 +163,8 @@ class NatsBroker(Broker):
 
     async def close(self) -> None:
         self._events.closing = True
+        for feed in self._histories.values():
+            await feed.close()
         with contextlib.suppress(Exception):
             await self._nc.drain()
 
@@ -353,6 +358,7 @@ class NatsBroker(Broker):
             with contextlib.suppress(NotFoundError):
                 await self._js.delete_stream(stream)
         self._kv.pop(registry_bucket(name), None)
+        await self._forget(name)
         owners = await self._bucket(OWNERS_BUCKET)
         with contextlib.suppress(NotFoundError, NoKeysError):
             for key in await owners.keys():
@@ -362,6 +368,14 @@ class NatsBroker(Broker):
         with contextlib.suppress(NotFoundError):
             await configs.purge(generations.history_key(name))
         await configs.purge(name)
+
+    async def _forget(self, name: str) -> None:
+        """Drop what this connection remembers of a deleted group (a new one may take its name)."""
+        if (feed := self._histories.pop(name, None)) is not None:
+            await feed.close()
+        stream = events_stream(name)
+        for key in [k for k in self._settings if k[0] == stream]:
+            del self._settings[key]
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
         owners = await self._owners(name)
@@ -451,10 +465,6 @@ class NatsBroker(Broker):
         except BucketNotFoundError:
             raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
 
-        async def history() -> list[Generation]:
-            configs = await self._bucket(CONFIG_BUCKET, create=False)
-            return (await generations.load(configs, group, await self.read_group(group)))[0]
-
         async def settings(consumer: str) -> tuple[float, bool]:
             return await self._consumer_settings(group, queue, consumer)
 
@@ -463,13 +473,35 @@ class NatsBroker(Broker):
             return await claim_epoch(owners, f"{group}.{queue}", record)
 
         stints = GroupStints(
-            self._nc, events_stream(group), config, history, settings, claim, self._unpins.watch
+            self._nc,
+            events_stream(group),
+            config,
+            await self._history(group),
+            settings,
+            claim,
+            self._unpins.watch,
         )
-        return StintBinding(queue, stints, await history(), preferred, on_change)
+        return StintBinding(queue, stints, preferred, on_change)
+
+    async def _history(self, group: str) -> HistoryFeed:
+        """The group's history, followed by one task for all its bindings on this connection."""
+        if group not in self._histories:
+
+            async def load() -> list[Generation]:
+                configs = await self._bucket(CONFIG_BUCKET, create=False)
+                return (await generations.load(configs, group, await self.read_group(group)))[0]
+
+            feed = HistoryFeed(group, load)
+            await feed.start()
+            self._histories[group] = feed
+        return self._histories[group]
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
-        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all)."""
+        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all);
+        asked once per consumer (a client binding QC queues asked twice each)."""
         stream = events_stream(group)
+        if (known := self._settings.get((stream, consumer))) is not None:
+            return known
         try:
             info = await jsapi.consumer_info(self._nc, stream, consumer)
         except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
@@ -478,7 +510,9 @@ class NatsBroker(Broker):
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
-        return (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
+        known = (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
+        self._settings[(stream, consumer)] = known
+        return known
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:
