@@ -86,6 +86,8 @@ ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
+# nats-server (2.15) caps a stream that sets no max_consumers at 1000 consumers.
+SERVER_DEFAULT_CONSUMERS = 1000
 
 
 @functools.lru_cache(maxsize=SUBJECT_CACHE_SIZE)
@@ -109,6 +111,13 @@ def header_bytes(headers: Mapping[str, str]) -> int:
         return 0
     lines = (len(f"{name}: {value}\r\n".encode()) for name, value in headers.items())
     return len(b"NATS/1.0\r\n\r\n") + sum(lines)
+
+
+def consumer_limit(config: GroupConfig) -> int:
+    """The events stream's max_consumers: the queues of two generations at once (a resize
+    keeps the old ones until they are drained, and QC <= HC), never below the server's
+    default (which refused QC 1024 with 'maximum consumers limit reached')."""
+    return max(SERVER_DEFAULT_CONSUMERS, 2 * config.hash_count)
 
 
 def control_subject(group: str) -> str:
@@ -233,6 +242,7 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
+                    max_consumers=consumer_limit(config),
                     num_replicas=config.replicas,
                 ),
             )
