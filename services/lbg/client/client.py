@@ -22,7 +22,7 @@ from functools import partial
 
 from prometheus_client import Histogram
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, gather_bounded
 from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding
 from lbg.client.coordination import (
     DynamicRole,
@@ -196,8 +196,10 @@ class LbgClient:
 
     async def run(self, stop: asyncio.Event) -> ClientStats:
         """Bind every queue and work until `stop` is set, then hand over cleanly."""
-        for queue in range(self._config.queue_count):
-            await self._bind(self._config, queue)
+        queues = range(self._config.queue_count)
+        await gather_bounded(
+            self._broker.bind_concurrency, map(partial(self._bind, self._config), queues)
+        )
         follower = (
             asyncio.create_task(self._follow_config(), name="config-follower")
             if self._broker.resizable
@@ -267,8 +269,10 @@ class LbgClient:
         """Run the group's new size: bind the queues it gained; retire the ones it lost (their
         workers finish the in-flight work, record it and unbind; see `_work`)."""
         before = self._config.queue_count
-        for queue in range(before, config.queue_count):
-            await self._bind(config, queue)
+        await gather_bounded(
+            self._broker.bind_concurrency,
+            map(partial(self._bind, config), range(before, config.queue_count)),
+        )
         for queue in range(config.queue_count, before):
             if (binding := self._bindings.pop(queue, None)) is not None:
                 binding.interrupt()

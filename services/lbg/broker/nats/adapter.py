@@ -8,6 +8,7 @@ JNDI analogue).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -143,6 +144,7 @@ class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
     resizable = True
+    bind_concurrency = 64
     publisher_users_hint = (
         "NATS users live in the server config: render them with"
         " python -m lbg.broker.nats.permissions --publisher-user U"
@@ -157,6 +159,7 @@ class NatsBroker(Broker):
         self._kv: dict[str, KeyValue] = {}
         self._unpins = UnpinWatch(nc)
         self._histories: dict[str, HistoryFeed] = {}
+        self._histories_made = asyncio.Lock()
         self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
 
     @classmethod
@@ -495,16 +498,18 @@ class NatsBroker(Broker):
 
     async def _history(self, group: str) -> HistoryFeed:
         """The group's history, followed by one task for all its bindings on this connection."""
-        if group not in self._histories:
+        async with self._histories_made:  # queues are bound concurrently: one feed per group
+            if group not in self._histories:
 
-            async def load() -> list[Generation]:
-                configs = await self._bucket(CONFIG_BUCKET, create=False)
-                return (await generations.load(configs, group, await self.read_group(group)))[0]
+                async def load() -> list[Generation]:
+                    configs = await self._bucket(CONFIG_BUCKET, create=False)
+                    config = await self.read_group(group)
+                    return (await generations.load(configs, group, config))[0]
 
-            feed = HistoryFeed(group, load)
-            await feed.start()
-            self._histories[group] = feed
-        return self._histories[group]
+                feed = HistoryFeed(group, load)
+                await feed.start()
+                self._histories[group] = feed
+            return self._histories[group]
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
         """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all);
