@@ -1,14 +1,15 @@
 """What an idle NATS queue costs the server: the owner's pulls reuse one reply inbox, a
 non-preferred standby waits for the server's UNPINNED advisory instead of asking who owns the
-queue every second, yet still takes over a silent owner's queue once its pin lapses, and a
-waiting preferred standby keeps one long pull open rather than one per third of a priority
-timeout, which it ends when it is demoted."""
+queue every second (a coordinated one asks only after an advisory), yet still takes over a
+silent owner's queue once its pin lapses, and a waiting preferred standby keeps one long pull
+open rather than one per third of a priority timeout, which it ends when it is demoted."""
 
 import asyncio
 import time
 import uuid
 
 import nats
+import pytest
 
 from lbg.broker import connect_broker
 from lbg.broker.nats.adapter import consumer_name, events_stream
@@ -28,7 +29,7 @@ async def until(condition, timeout: float, what: str) -> float:
     return time.monotonic() - started
 
 
-async def idle_queue(url: str) -> None:
+async def idle_queue(url: str, coordinated: bool) -> None:
     group = f"idle{uuid.uuid4().hex[:6]}"
     settings = BrokerSettings(url=url)
     admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
@@ -48,13 +49,16 @@ async def idle_queue(url: str) -> None:
         await publisher.publish("k", b"{}")
         assert await owner.ack(await asyncio.wait_for(owner.next(), 5))
         standby = await standby_side.bind(group, config, 0, "standby", preferred=False)
+        if coordinated:
+            standby.set_coordinated()
         await asyncio.sleep(PRIORITY_TIMEOUT)
         pulls.clear()
         looks.clear()
         await asyncio.sleep(IDLE_SECONDS)
         assert len(pulls) >= 3, "the owner keeps pulling while idle"
         assert len(set(pulls)) == 1, f"one reply inbox for the idle pulls, got {len(set(pulls))}"
-        assert len(looks) <= 1, f"the idle standby asked who owns the queue {len(looks)} times"
+        allowed = 0 if coordinated else 1
+        assert len(looks) <= allowed, f"the idle standby asked who owns it {len(looks)} times"
         assert not standby.active
 
         owner.suspend(True)  # the owner goes silent: its pin lapses after the priority timeout
@@ -83,10 +87,11 @@ def _record(into: list[str]):
     return record
 
 
+@pytest.mark.parametrize("coordinated", [False, True], ids=["static", "coordinated"])
 def test_an_idle_owner_reuses_its_inbox_and_an_idle_standby_waits_for_the_unpin(
-    nats_url: str,
+    nats_url: str, coordinated: bool
 ) -> None:
-    asyncio.run(idle_queue(nats_url))
+    asyncio.run(idle_queue(nats_url, coordinated))
 
 
 async def waiting_queue(url: str) -> None:

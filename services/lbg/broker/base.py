@@ -208,6 +208,12 @@ class QueueBinding(abc.ABC):
     def set_preferred(self, preferred: bool) -> None:
         """Whether a released queue should go to this binding rather than another standby."""
 
+    def set_coordinated(self) -> None:
+        """A coordinator keeps some live member preferred for every queue (dynamic
+        membership): a standby that is not preferred may leave ownerless queues to it rather
+        than look for them by itself (where looking costs the broker something)."""
+        return None  # by default a standby looks as it would anyway
+
     @abc.abstractmethod
     def suspend(self, suspended: bool) -> None:
         """Stop (True) or resume (False) asking for messages at all, e.g. while stalled."""

@@ -235,6 +235,8 @@ class LbgClient:
             preferred=self._coordinator.prefers(queue),
             on_change=self._on_change,
         )
+        if self._coordinator.coordinates():
+            self._bindings[queue].set_coordinated()
         self._workers.append(
             asyncio.create_task(self._work(self._bindings[queue]), name=f"worker-{queue}")
         )

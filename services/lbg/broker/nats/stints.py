@@ -117,6 +117,7 @@ class StintBinding(QueueBinding):
         self._group = group
         self._history = group.history.history
         self._preferred = preferred
+        self._coordinated = False
         self._on_change = on_change
         self._suspended = False
         self._drained: set[tuple[int, int]] = set()
@@ -193,6 +194,11 @@ class StintBinding(QueueBinding):
         self._preferred = preferred
         if self._binding is not None:
             self._binding.set_preferred(preferred)
+
+    def set_coordinated(self) -> None:
+        self._coordinated = True
+        if self._binding is not None:
+            self._binding.set_coordinated()
 
     def suspend(self, suspended: bool) -> None:
         self._suspended = suspended
@@ -309,6 +315,8 @@ class StintBinding(QueueBinding):
         binding = await self._group.open(self.queue, stint, self._preferred, self._on_change)
         if self._suspended:
             binding.suspend(True)
+        if self._coordinated:
+            binding.set_coordinated()
         self._stint, self._binding = stint, binding
         self._opened.set()
         self._woken.set()
