@@ -227,6 +227,8 @@ class NatsQueueBinding(LoopBinding):
     async def _give_up(self, reason: str) -> None:
         """Send the ack floor, then UNPIN while the pin is still ours (if still connected)."""
         self._abort_pull()
+        for looker in list(self._lookers):  # a standby's look at orphans is moot now
+            looker.cancel()
         await self._drop_inbox()
         pin = self._pin if self._active else None
         connected = self._nc.is_connected
