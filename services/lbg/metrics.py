@@ -19,12 +19,15 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ def health_app(
     registry: CollectorRegistry, ready: Callable[[], bool], watch: LoopWatch
 ) -> web.Application:
     """The routes: /metrics (Prometheus text), /healthz and /readyz (JSON, 200 or 503)."""
+    from aiohttp import web  # only where a server runs: its import is a tenth of a start-up
 
     async def metrics(_request: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -159,6 +163,8 @@ async def serve(
     if not port:
         yield
         return
+    from aiohttp import web
+
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatsCollector(read))
     for histogram in histograms:

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 import orjson
 import pytest
-from tests.support.processes import cli
+from tests.support.processes import cli, wait_for_log
 
 from lbg.broker import connect_broker
 from lbg.broker.base import UndeliverableEvent
@@ -188,9 +188,15 @@ def test_two_clients_process_a_category_any_writer_fills_once_and_in_order(
     stored = asyncio.run(_write(url, category, range(half)))
     deployment = LocalDeployment(url, group, tmp_path / "daemons")
     try:
-        for index, name in enumerate(("client-a", "client-b")):
-            deployment.start_client(name, index, 2, 600, "--handler", "record_handler:handle")
+        # Dynamic members: the second one is given its share whenever it comes up, where a
+        # static one started late under load finds every lock taken and stands by.
+        clients = [
+            deployment.start(name, "lbg-client", "--id", name, "--handler", "record_handler:handle")
+            for name in ("client-a", "client-b")
+        ]
         _wait_for(recorder, half // 2, deployment)
+        for client in clients:
+            wait_for_log(client, "now serves")
         stored |= asyncio.run(_write(url, category, range(half, MESSAGES)))
         ours = asyncio.run(_publish_ours(url, group))
         _wait_for(recorder, MESSAGES + len(ours), deployment)

@@ -17,18 +17,27 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def drop_connections(rabbitmq: BrokerEndpoint, names: set[str]) -> int:
-    """Close, through the management API, the connections the named clients opened."""
+def drop_connections(rabbitmq: BrokerEndpoint, names: set[str], timeout: float = 30.0) -> list[str]:
+    """Close, through the management API, the connections the named clients opened, once every
+    name has one listed (a client starting on a busy machine connects late); the names closed."""
     url = urllib.parse.urlsplit(rabbitmq.url)
     auth = (urllib.parse.unquote(url.username or ""), urllib.parse.unquote(url.password or ""))
+    deadline = time.monotonic() + timeout
     with httpx.Client(base_url=f"{rabbitmq.admin_url}/api", auth=auth, trust_env=False) as api:
-        dropped = 0
-        for connection in api.get("/connections").raise_for_status().json():
-            if connection["client_properties"].get("connection_name") in names:
-                path = "/connections/" + urllib.parse.quote(connection["name"], safe="")
-                api.delete(path).raise_for_status()
-                dropped += 1
-    return dropped
+        while True:
+            ours = [
+                connection
+                for connection in api.get("/connections").raise_for_status().json()
+                if connection["client_properties"].get("connection_name") in names
+            ]
+            listed = {c["client_properties"]["connection_name"] for c in ours}
+            if listed == names or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for connection in ours:
+            path = "/connections/" + urllib.parse.quote(connection["name"], safe="")
+            api.delete(path).raise_for_status()
+    return sorted(c["client_properties"]["connection_name"] for c in ours)
 
 
 def test_clients_reconnect_after_the_broker_drops_them(
@@ -44,7 +53,7 @@ def test_clients_reconnect_after_the_broker_drops_them(
         "pub", "--keys", "50", "--rate", "300", "--duration", "10"
     )
     time.sleep(4)
-    assert drop_connections(rabbitmq, {"client-a", "client-b"}) == 2
+    assert drop_connections(rabbitmq, {"client-a", "client-b"}) == ["client-a", "client-b"]
 
     assert publisher.wait(60) == 0, publisher.log_tail()
     report = validate()

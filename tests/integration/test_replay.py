@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lbg.broker import connect_broker
+from lbg.broker.nats.adapter import events_stream
 from lbg.devstack.deployment import LocalDeployment, script
 from lbg.devstack.spark_cluster import ClusterState, executors, kill_executor, spark_cluster
 from lbg.model.group import GroupConfig
@@ -123,9 +124,9 @@ def test_a_retried_partition_is_dropped_by_jetstream_and_never_reorders(
     assert attempt(rows.slice(0, ROWS // 2)) == ROWS // 2
     assert attempt(rows) == ROWS
 
+    assert asyncio.run(events_stored(nats_url, name)) == ROWS, "the stream kept a republished row"
     report = validate(local)
     assert report["unique"] == ROWS
-    assert report["duplicates"] == 0, "the stream kept a retried task's republished rows"
     assert (report["lost"], report["reordered"]) == (0, 0)
 
 
@@ -176,9 +177,10 @@ def test_an_executor_killed_mid_job_loses_nothing_and_duplicates_nothing(
     print(f"\nkilled executor {killed}; replay: {result}")
     assert (result["rows"], result["acked"], result["rejected"]) == (rows, rows, 0)
     assert result["retried_tasks"] >= 1, "the killed executor's task was not run again"
+    assert asyncio.run(events_stored(nats_url, name)) == rows, "the stream kept a republished row"
     report = validate(local)
     assert report["unique"] == rows
-    assert (report["lost"], report["reordered"], report["duplicates"]) == (0, 0, 0)
+    assert (report["lost"], report["reordered"]) == (0, 0)
 
 
 def kill_when_publishing(cluster: ClusterState, nats_url: str, name: str) -> int:
@@ -202,5 +204,16 @@ async def stored_events(url: str, prefix: str) -> int:
             for info in streams
             if any(subject.startswith(f"{prefix}.") for subject in info.config.subjects or [])
         )
+    finally:
+        await nc.close()
+
+
+async def events_stored(url: str, group: str) -> int:
+    """Events the group's stream holds: each row once when JetStream dropped every republished
+    copy. (The validator's duplicates would also count a redelivery to a client, which a lease
+    lapse on a busy machine causes by design: at least once.)"""
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().stream_info(events_stream(group))).state.messages
     finally:
         await nc.close()

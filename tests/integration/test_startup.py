@@ -219,7 +219,7 @@ def test_no_retries_fails_at_once_where_nothing_listens(program: str, tmp_path: 
 
     result = run(program, "--config", str(config), "--broker-url", url, "-q", *DAEMONS[program])
 
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 10, "it retried (60 s by default)"
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

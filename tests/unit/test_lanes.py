@@ -151,3 +151,31 @@ def test_a_work_that_raises_counts_as_not_completed_and_its_key_waits() -> None:
         return done, skipped
 
     assert run(scenario()) == ([], ["a2"])
+
+
+def test_drop_waiting_keeps_each_keys_running_work_and_frees_the_window() -> None:
+    async def scenario() -> tuple[int, list[str], int]:
+        lanes = KeyLanes(4)
+        gate = asyncio.Event()
+        done: list[str] = []
+        skipped: list[str] = []
+
+        def work(name: str):
+            async def go() -> bool:
+                await gate.wait()
+                done.append(name)
+                return True
+
+            return go
+
+        for name in ("a1", "b1", "a2", "b2"):
+            await lanes.submit(name[0], work(name), lambda name=name: skipped.append(name))
+        await asyncio.sleep(0)
+        dropped = lanes.drop_waiting()
+        await asyncio.wait_for(lanes.submit("c", work("c1")), 1)
+        gate.set()
+        await lanes.drain()
+        assert not skipped
+        return dropped, sorted(done), lanes.busy
+
+    assert run(scenario()) == (2, ["a1", "b1", "c1"], 0)

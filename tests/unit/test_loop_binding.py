@@ -128,6 +128,26 @@ def test_a_delivery_of_an_older_stint_or_a_stalled_binding_is_not_owned() -> Non
     asyncio.run(main())
 
 
+def test_a_delivery_of_another_binding_is_never_owned() -> None:
+    """Epochs are unique in the process: a binding that walks several (the NATS stints) asks
+    only the current one whether it owns a delivery, even one an earlier binding handed out."""
+
+    async def main() -> None:
+        first, second = Recording(), Recording()
+        await until(lambda: first.active and second.active)
+        for _ in range(3):
+            first.fence("moved")
+            second.fence("moved")
+            await until(lambda: first.active and second.active)
+        assert first._epoch != second._epoch
+        assert not second.owns(Delivery(b"", "s", {}, False, epoch=first._epoch))
+        assert not first.owns(Delivery(b"", "s", {}, False, epoch=second._epoch))
+        await first.close()
+        await second.close()
+
+    asyncio.run(main())
+
+
 def test_close_ends_the_loop_and_gives_the_queue_up_once() -> None:
     async def main() -> None:
         binding = Recording()

@@ -47,6 +47,15 @@ def test_no_command_imports_a_heavy_module_at_start(name: str) -> None:
     assert not [m for m in loaded if m.partition(".")[0] in HEAVY], name
 
 
+def test_the_client_imports_no_http_server_unless_it_serves_metrics() -> None:
+    """aiohttp's import is a tenth of a client's start, and a joining member waits for it."""
+    code = "import sys, lbg.cli.client; print('aiohttp' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "False"
+
+
 def test_a_missing_extra_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited, needs_extra():
         raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_
 from lbg.model.group import GroupConfig
 
 log = logging.getLogger(__name__)
+
+# Every binding's epochs come from this one counter, so a delivery's epoch names the binding
+# and the stint it came from: a binding that wraps others (NATS stints) needs no other tag.
+_EPOCHS = itertools.count(1)
 
 
 class BrokerError(Exception):
@@ -77,8 +82,9 @@ class QueueStatus:
 @dataclass(slots=True)
 class Delivery:
     """One message handed to a consumer, tied to the ownership epoch it was delivered in:
-    `epoch` counts this binding's stints (local), `owner_epoch` is the queue's fencing token
-    (stored in the broker, higher for every new owner; 0 where the broker keeps none)."""
+    `epoch` names the binding's stint (local, unique in the process), `owner_epoch` is the
+    queue's fencing token (stored in the broker, higher for every new owner; 0 where the
+    broker keeps none)."""
 
     body: bytes
     subject: str
@@ -162,6 +168,9 @@ class QueueBinding(abc.ABC):
     """
 
     queue: int
+    # A release gives every delivery not acked back to the broker, in its original order and
+    # ahead of later ones: the worker may leave what it has not started to the next owner.
+    returns_unacked_in_order: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -250,7 +259,7 @@ class EpochBinding(QueueBinding):
         self._on_change = on_change
         # None in the buffer is an interruption (`interrupt`), not a delivery.
         self._buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        self._epoch = 0
+        self._epoch = next(_EPOCHS)
         self._active = False
 
     @property
@@ -289,7 +298,7 @@ class EpochBinding(QueueBinding):
     def _new_epoch(self) -> None:
         """Forget what was delivered so far: it may no longer be processed or acked (an
         interruption stays, so a worker waiting for it is still woken)."""
-        self._epoch += 1
+        self._epoch = next(_EPOCHS)
         interrupted = False
         while not self._buffer.empty():
             interrupted = self._buffer.get_nowait() is None or interrupted

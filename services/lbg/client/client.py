@@ -182,9 +182,11 @@ class LbgClient:
         if active:
             self.stats.active.add(queue)
             self.stats.handovers += 1
+            self._parking.start_takeover_read(queue)
         else:
             self.stats.active.discard(queue)
             self._checked.discard(queue)
+            self._parking.drop_takeover_read(queue)
         log.info(
             "client %s %s queue %d (%s); active on %s",
             self.client_id,
@@ -216,6 +218,7 @@ class LbgClient:
         for binding in list(self._bindings.values()):
             binding.interrupt()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._parking.drop_takeover_reads()
         for binding in self._bindings.values():
             with contextlib.suppress(Exception):
                 await binding.close()
@@ -300,14 +303,18 @@ class LbgClient:
     async def _work(self, binding: QueueBinding) -> None:
         lanes = KeyLanes(self._window)
         while not self._stopping and not self._retired(binding):
+            woken = binding.queue in self._interrupted
             self._interrupted.discard(binding.queue)
             if binding.queue in self._release_requested:
                 self._release_requested.discard(binding.queue)
                 if not binding.active:
                     continue
-                log.info("client %s hands queue %d over", self.client_id, binding.queue)
+                left = lanes.drop_waiting() if binding.returns_unacked_in_order else 0
+                handing = f"client {self.client_id} hands queue {binding.queue} over"
+                log.info("%s (%d events left to the next owner)", handing, left)
                 started = time.monotonic()
                 await lanes.drain()
+                self._parking.forget_unstarted_replays(self._queue_of, binding.queue)
                 await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
                 HANDOVER_SECONDS.labels(self._group, str(binding.queue)).observe(
@@ -315,7 +322,7 @@ class LbgClient:
                 )
                 continue
             await self._announce(binding, lanes, binding.active)
-            if binding.queue in self._checked:
+            if woken and binding.queue in self._checked:
                 await self._start_replays(binding, lanes)
             delivery = binding.ready()
             if delivery is None and binding.queue not in self._interrupted:
@@ -356,7 +363,7 @@ class LbgClient:
         (a key parked by the previous owner stays parked); if they cannot be read, give the
         delivery back."""
         try:
-            await self._parking.refresh()
+            await self._parking.takeover_read(binding.queue)
         except BrokerError as exc:
             log.error("queue %d: cannot read the parked keys: %s", binding.queue, exc)
             await asyncio.sleep(self._backoff)
@@ -367,8 +374,8 @@ class LbgClient:
 
     async def _start_replays(self, binding: QueueBinding, lanes: KeyLanes) -> None:
         """Queue the replay of each key of this queue an operator unparked, in the key's lane
-        (its new events wait behind the replay)."""
-        await self._parking.refresh_if_due()
+        (its new events wait behind the replay). Run on taking the queue over and when the
+        unpark follower (which reads the registry) wakes the worker, not for every event."""
         for key in self._parking.replays_due(lambda key: self._queue_of(key) == binding.queue):
             await lanes.submit(key, partial(self._replay, binding, key))
 
@@ -471,7 +478,7 @@ class LbgClient:
                 return LOST
             token = object()
             started = self._busy[token] = time.monotonic()
-            self._hangs.watch(event.key, self._park_after_stalls, started)
+            watched = self._hangs.watch(event.key, self._park_after_stalls, started)
             try:
                 await self._handler(event, context)
                 self._handler_timer(context.queue).observe(time.monotonic() - started)
@@ -496,7 +503,7 @@ class LbgClient:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
             finally:
                 del self._busy[token]
-                self._hangs.done()
+                self._hangs.done(watched)
         return None
 
     async def _park(

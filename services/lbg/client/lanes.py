@@ -69,6 +69,20 @@ class KeyLanes:
         """Works submitted and not finished."""
         return self._busy
 
+    def drop_waiting(self) -> int:
+        """Forget every work that has not started (each key keeps the one it runs), without
+        its `skipped` callback: for a caller whose broker gives those events back in order
+        anyway. Returns how many were dropped."""
+        dropped = 0
+        for queued in self._queued.values():
+            while len(queued) > 1:
+                queued.pop()
+                dropped += 1
+        self._busy -= dropped
+        for _ in range(dropped):
+            self._slots.release()
+        return dropped
+
     async def drain(self) -> None:
         """Wait until every submitted work has finished."""
         while self._running:

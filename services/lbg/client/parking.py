@@ -51,6 +51,7 @@ class KeyParking:
         self._touched: set[str] = set()
         self._refreshed = float("-inf")
         self._replaying: set[str] = set()
+        self._takeover_reads: dict[int, asyncio.Task[None]] = {}
         self.parked_events = 0
 
     @property
@@ -85,6 +86,42 @@ class KeyParking:
                 fetched[key] = self.records[key]
         self.records = fetched
         self._refreshed = started
+
+    def forget_unstarted_replays(self, queue_of: Callable[[str], int | None], queue: int) -> None:
+        """The worker of `queue` let go with its lanes drained: a replay of one of its keys
+        still marked never ran (left to the next owner at a handover, or skipped), so whoever
+        takes the queue next, this client included, hands it out again."""
+        self._replaying = {key for key in self._replaying if queue_of(key) != queue}
+
+    def start_takeover_read(self, queue: int) -> None:
+        """Start reading the registry the moment `queue` is taken over, so the read runs beside
+        the binding's epoch claim rather than after it; it begins after the previous owner
+        let go, so it has every key that owner parked."""
+        self.drop_takeover_read(queue)
+        self._takeover_reads[queue] = asyncio.create_task(
+            self.refresh(), name=f"parked-read-{queue}"
+        )
+
+    async def takeover_read(self, queue: int) -> None:
+        """Wait for the read started when `queue` was taken over (or read now, if none was);
+        BrokerError if the registry cannot be read."""
+        read = self._takeover_reads.pop(queue, None)
+        await (read if read is not None else self.refresh())
+
+    def drop_takeover_read(self, queue: int) -> None:
+        """The queue was lost before its read was awaited: the read finishes unawaited (not
+        cancelled: that could leave the broker's stream reader half set up for every later
+        read), its error only taken."""
+        read = self._takeover_reads.pop(queue, None)
+        if read is not None:
+            read.add_done_callback(_take_error)
+
+    def drop_takeover_reads(self) -> None:
+        """The client stops, its broker connection with it: cancel every read nobody awaited."""
+        for read in self._takeover_reads.values():
+            read.cancel()
+            read.add_done_callback(_take_error)
+        self._takeover_reads.clear()
 
     async def refresh_if_due(self) -> None:
         """Read the registry if it was not read for REFRESH_SECONDS (failures only logged)."""
@@ -214,20 +251,23 @@ class HangWatch:
         self._hung: dict[asyncio.Task[object], str] = {}
         self._notes: set[asyncio.Task[None]] = set()
 
-    def watch(self, key: str, limit: int, started: float) -> None:
+    def watch(self, key: str, limit: int, started: float) -> asyncio.Task[object] | None:
         """Watch the running task's handler call of `key` (begun at monotonic `started`)
-        until `done`: a stall is counted just before the stall timeout; a key that stalled
-        `limit - 1` times before is parked at half the timeout instead, before its member
-        would stall."""
+        until `done` is given what this returns: a stall is counted just before the stall
+        timeout; a key that stalled `limit - 1` times before is parked at half the timeout
+        instead, before its member would stall."""
         if self._timeout is None or not self._parking.enabled:
-            return
-        self._calls[asyncio.current_task()] = (key, started, limit)  # type: ignore[index]
+            return None
+        task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
+        self._calls[task] = (key, started, limit)
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep(self._timeout))
+        return task
 
-    def done(self) -> None:
-        """The running task's handler call ended."""
-        self._calls.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+    def done(self, watched: asyncio.Task[object] | None) -> None:
+        """The handler call `watch` returned `watched` for ended (None: it was not watched)."""
+        if watched is not None:
+            self._calls.pop(watched, None)
 
     async def _sweep(self, timeout: float) -> None:
         """While calls are in flight: count a stall of each call past its delay, once."""
@@ -269,3 +309,9 @@ class HangWatch:
         if record.stalls >= limit and not task.done():
             self._hung[task] = f"handler hung past the stall timeout {record.stalls} times"
             task.cancel()
+
+
+def _take_error(read: asyncio.Task[None]) -> None:
+    """Retrieve an unawaited read's error, so asyncio does not report it as never retrieved."""
+    if not read.cancelled():
+        read.exception()

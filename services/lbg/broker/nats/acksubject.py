@@ -10,7 +10,6 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 V1_TOKENS = 9
-V1_CONSUMER = 3
 V1_DELIVERED = 4
 V1_STREAM_SEQ = 5
 V1_CONSUMER_SEQ = 6
@@ -24,13 +23,6 @@ def _field(reply: str, v1_index: int, v2_index: int) -> int | None:
         return int(tokens[v1_index if len(tokens) == V1_TOKENS else v2_index])
     except (IndexError, ValueError):
         return None
-
-
-def consumer_of(reply: str) -> str | None:
-    """The consumer that delivered the message; None if the subject is not an ack subject."""
-    tokens = reply.split(".")
-    index = V1_CONSUMER if len(tokens) == V1_TOKENS else Msg.Ack.Consumer
-    return tokens[index] if len(tokens) > index and tokens[1] == "ACK" else None
 
 
 def delivery_count(reply: str) -> int:

@@ -337,6 +337,9 @@ class NatsBroker(Broker):
             key = f"$JS.API.DIRECT.GET.KV_{CONFIG_BUCKET}.$KV.{CONFIG_BUCKET}.{name}"
             reason = self._events.refusal(key) or "no answer in time"
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
+        except NatsError as exc:  # no responders while JetStream (re)starts, a closing connection
+            reason = exc or type(exc).__name__
+            raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         try:
             return GroupConfig.from_json(entry.value or b"")
         except GroupConfigError as exc:

@@ -24,7 +24,6 @@ from nats.aio.client import Client
 from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
 from lbg.broker.nats import generations, jsapi
-from lbg.broker.nats.acksubject import consumer_of
 from lbg.broker.nats.binding import FindEnd, NatsQueueBinding
 from lbg.broker.nats.histories import HistoryFeed
 from lbg.model.generations import Generation, members_for, sources
@@ -175,19 +174,14 @@ class StintBinding(QueueBinding):
     def ready(self) -> Delivery | None:
         return self._binding.ready() if self._binding is not None else None
 
-    def _mine(self, delivery: Delivery) -> NatsQueueBinding | None:
-        """The current stint's binding if it delivered `delivery`."""
-        binding, stint = self._binding, self._stint
-        if binding is None or stint is None:
-            return None
-        return binding if consumer_of(str(delivery.token)) == self._group.name(stint) else None
-
     def owns(self, delivery: Delivery) -> bool:
-        binding = self._mine(delivery)
+        """Only the current stint's binding can own a delivery: an older stint's carries an
+        epoch (unique in the process) that the current binding never had."""
+        binding = self._binding
         return binding is not None and binding.owns(delivery)
 
     async def ack(self, delivery: Delivery) -> bool:
-        binding = self._mine(delivery)
+        binding = self._binding
         return binding is not None and await binding.ack(delivery)
 
     def set_preferred(self, preferred: bool) -> None:

@@ -57,6 +57,10 @@ class _Stint:
 class RabbitQueueBinding(LoopBinding):
     """One client's consumer on one queue, active (receiving) or waiting in line."""
 
+    # Closing the channel requeues the unacked deliveries in the order they were delivered
+    # (tests/integration/test_rabbitmq_requeue_order.py).
+    returns_unacked_in_order = True
+
     def __init__(
         self,
         queue: int,
