@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Iterable
 
 
 async def cancel_and_wait(task: asyncio.Task, retry_after: float = 0.5) -> None:
@@ -22,3 +23,18 @@ def cancel_requested() -> bool:
     that closed): only the first should end a loop."""
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
+
+
+async def gather_bounded(limit: int, calls: Iterable[Awaitable[None]]) -> None:
+    """Await `calls`, at most `limit` at a time; the first failure is raised once all ended
+    (none is left running behind the caller's back)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def call(awaitable: Awaitable[None]) -> None:
+        async with gate:
+            await awaitable
+
+    results = await asyncio.gather(*(call(c) for c in calls), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

@@ -16,8 +16,9 @@ from typing import Self
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.client import ClientStats, LbgClient
+from lbg.client.client import LbgClient
 from lbg.client.coordination import DynamicRole, Role, StaticRole
+from lbg.client.stats import ClientStats
 from lbg.handlers import Handler, Hooks, as_async
 from lbg.metrics import Family
 from lbg.model.group import GroupConfig

@@ -1,12 +1,15 @@
-"""What an idle NATS queue costs the server: the owner's pulls reuse one reply inbox, and a
+"""What an idle NATS queue costs the server: the owner's pulls reuse one reply inbox, a
 non-preferred standby waits for the server's UNPINNED advisory instead of asking who owns the
-queue every second, yet still takes over a silent owner's queue once its pin lapses."""
+queue every second (a coordinated one asks only after an advisory), yet still takes over a
+silent owner's queue once its pin lapses, and a waiting preferred standby keeps one long pull
+open rather than one per third of a priority timeout, which it ends when it is demoted."""
 
 import asyncio
 import time
 import uuid
 
 import nats
+import pytest
 
 from lbg.broker import connect_broker
 from lbg.broker.nats.adapter import consumer_name, events_stream
@@ -26,7 +29,7 @@ async def until(condition, timeout: float, what: str) -> float:
     return time.monotonic() - started
 
 
-async def idle_queue(url: str) -> None:
+async def idle_queue(url: str, coordinated: bool) -> None:
     group = f"idle{uuid.uuid4().hex[:6]}"
     settings = BrokerSettings(url=url)
     admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
@@ -46,13 +49,16 @@ async def idle_queue(url: str) -> None:
         await publisher.publish("k", b"{}")
         assert await owner.ack(await asyncio.wait_for(owner.next(), 5))
         standby = await standby_side.bind(group, config, 0, "standby", preferred=False)
+        if coordinated:
+            standby.set_coordinated()
         await asyncio.sleep(PRIORITY_TIMEOUT)
         pulls.clear()
         looks.clear()
         await asyncio.sleep(IDLE_SECONDS)
         assert len(pulls) >= 3, "the owner keeps pulling while idle"
         assert len(set(pulls)) == 1, f"one reply inbox for the idle pulls, got {len(set(pulls))}"
-        assert len(looks) <= 1, f"the idle standby asked who owns the queue {len(looks)} times"
+        allowed = 0 if coordinated else 1
+        assert len(looks) <= allowed, f"the idle standby asked who owns it {len(looks)} times"
         assert not standby.active
 
         owner.suspend(True)  # the owner goes silent: its pin lapses after the priority timeout
@@ -81,7 +87,49 @@ def _record(into: list[str]):
     return record
 
 
+@pytest.mark.parametrize("coordinated", [False, True], ids=["static", "coordinated"])
 def test_an_idle_owner_reuses_its_inbox_and_an_idle_standby_waits_for_the_unpin(
-    nats_url: str,
+    nats_url: str, coordinated: bool
 ) -> None:
-    asyncio.run(idle_queue(nats_url))
+    asyncio.run(idle_queue(nats_url, coordinated))
+
+
+async def waiting_queue(url: str) -> None:
+    group = f"wait{uuid.uuid4().hex[:6]}"
+    settings = BrokerSettings(url=url)
+    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
+    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
+    await admin.create_group(group, config)
+    sides = [await connect_broker(settings, n, PRIORITY_TIMEOUT) for n in ("first", "second")]
+    monitor = await nats.connect(url)
+    pulls: list[str] = []
+    api = f"{events_stream(group)}.{consumer_name(0)}"
+    await monitor.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{api}", cb=_record(pulls))
+    try:
+        first = await sides[0].bind(group, config, 0, "first", preferred=True)
+        await asyncio.sleep(PRIORITY_TIMEOUT)
+        pulls.clear()
+        await asyncio.sleep(IDLE_SECONDS)
+        assert len(pulls) <= 2, f"a waiting standby pulled {len(pulls)} times in {IDLE_SECONDS} s"
+
+        second = await sides[1].bind(group, config, 0, "second", preferred=False)
+        second.set_preferred(True)
+        first.set_preferred(False)  # its long pull must not win the next pin
+        await asyncio.sleep(0.3)
+        publisher = HashedPublisher(admin, group, config, "pub")
+        await publisher.publish("k", b"{}")
+        await until(lambda: second.active, 2 * PRIORITY_TIMEOUT, "the new preferred's takeover")
+        assert await second.ack(await asyncio.wait_for(second.next(), 5))
+        assert not first.active
+        await first.close()
+        await second.close()
+    finally:
+        await monitor.close()
+        for broker in sides:
+            await broker.close()
+        await admin.delete_group(group)
+        await admin.close()
+
+
+def test_a_waiting_standby_keeps_one_long_pull_and_ends_it_when_demoted(nats_url: str) -> None:
+    asyncio.run(waiting_queue(nats_url))

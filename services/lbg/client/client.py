@@ -17,12 +17,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
 
 from prometheus_client import Histogram
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, gather_bounded
 from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding
 from lbg.client.coordination import (
     DynamicRole,
@@ -33,8 +32,9 @@ from lbg.client.coordination import (
 )
 from lbg.client.lanes import KeyLanes
 from lbg.client.parking import REFRESH_SECONDS, HangWatch, KeyParking
+from lbg.client.stats import ClientStats
 from lbg.handlers import AsyncHandler, Context, Hooks
-from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family, counter, gauge
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family
 from lbg.model.destinations import EventAddress, OutputKind, output_destination
 from lbg.model.group import GroupConfig
 from lbg.model.hashing import HashKeyError
@@ -59,19 +59,6 @@ KEY_PARKED = "an earlier event of the key is parked"
 # Outcome of running the handler on an event: handled (None), failed for good (why, attempts),
 # or not run to its end because the queue was lost meanwhile (LOST).
 LOST = ("lost", -1)
-
-
-@dataclass
-class ClientStats:
-    """Counters of one client's run."""
-
-    processed: int = 0
-    dead_lettered: int = 0
-    handler_errors: int = 0
-    fenced: int = 0
-    handovers: int = 0
-    wrong_bucket: int = 0
-    active: set[int] = field(default_factory=set)
 
 
 class LbgClient:
@@ -132,33 +119,9 @@ class LbgClient:
 
     def metric_families(self) -> Iterator[Family]:
         """This client's counters and gauges for a Prometheus scrape."""
-        g, s = self._group, self.stats
-        yield counter("lbg_client_processed", "Messages handled and acked.", g, s.processed)
-        yield counter("lbg_client_dead_lettered", "Messages dead-lettered.", g, s.dead_lettered)
-        yield counter("lbg_client_handler_errors", "Failed handler attempts.", g, s.handler_errors)
-        yield counter("lbg_client_fenced", "Deliveries dropped: ownership lost first.", g, s.fenced)
-        yield counter(
-            "lbg_client_handovers", "Queues this client became active on.", g, s.handovers
-        )
-        yield counter(
-            "lbg_client_wrong_bucket",
-            "Events whose topic's bucket is not the group's hash of their key.",
-            g,
-            s.wrong_bucket,
-        )
-        yield gauge("lbg_client_parked_keys", "Keys parked now.", g, self._parking.parked_keys())
-        yield counter(
-            "lbg_client_parked_events",
-            "Events this client parked.",
-            g,
-            self._parking.parked_events,
-        )
-        yield gauge("lbg_client_queues_active", "Queues this client serves now.", g, len(s.active))
-        yield gauge(
-            "lbg_group_queues",
-            "The group's queue count (QC) this client runs.",
-            g,
-            self._config.queue_count,
+        parking = self._parking
+        yield from self.stats.families(
+            self._group, parking.parked_keys(), parking.parked_events, self._config.queue_count
         )
         yield from self._coordinator.metric_families()
 
@@ -198,8 +161,10 @@ class LbgClient:
 
     async def run(self, stop: asyncio.Event) -> ClientStats:
         """Bind every queue and work until `stop` is set, then hand over cleanly."""
-        for queue in range(self._config.queue_count):
-            await self._bind(self._config, queue)
+        queues = range(self._config.queue_count)
+        await gather_bounded(
+            self._broker.bind_concurrency, map(partial(self._bind, self._config), queues)
+        )
         follower = (
             asyncio.create_task(self._follow_config(), name="config-follower")
             if self._broker.resizable
@@ -236,6 +201,8 @@ class LbgClient:
             preferred=self._coordinator.prefers(queue),
             on_change=self._on_change,
         )
+        if self._coordinator.coordinates():
+            self._bindings[queue].set_coordinated()
         self._workers.append(
             asyncio.create_task(self._work(self._bindings[queue]), name=f"worker-{queue}")
         )
@@ -270,8 +237,10 @@ class LbgClient:
         """Run the group's new size: bind the queues it gained; retire the ones it lost (their
         workers finish the in-flight work, record it and unbind; see `_work`)."""
         before = self._config.queue_count
-        for queue in range(before, config.queue_count):
-            await self._bind(config, queue)
+        await gather_bounded(
+            self._broker.bind_concurrency,
+            map(partial(self._bind, config), range(before, config.queue_count)),
+        )
         for queue in range(config.queue_count, before):
             if (binding := self._bindings.pop(queue, None)) is not None:
                 binding.interrupt()

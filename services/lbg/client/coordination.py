@@ -75,6 +75,11 @@ class GroupCoordinator(Protocol):
         """Whether this client binds `queue` as its preferred standby from the start."""
         ...
 
+    def coordinates(self) -> bool:
+        """Whether some live member is always made preferred for every queue (the bindings'
+        set_coordinated)."""
+        ...
+
     def describe(self, queue: int) -> str:
         """How this client holds `queue`, for its log lines (primary, secondary, dynamic)."""
         ...
@@ -111,6 +116,9 @@ class StaticCoordinator:
 
     def prefers(self, queue: int) -> bool:
         return self._role.is_primary(queue)
+
+    def coordinates(self) -> bool:
+        return False  # a secondary takes a dead primary's idle queue by looking
 
     def describe(self, queue: int) -> str:
         return "primary" if self._role.is_primary(queue) else "secondary"
@@ -173,6 +181,9 @@ class DynamicCoordinator:
 
     def prefers(self, queue: int) -> bool:
         return False
+
+    def coordinates(self) -> bool:
+        return True
 
     def describe(self, queue: int) -> str:
         return "dynamic"

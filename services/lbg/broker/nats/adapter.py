@@ -8,6 +8,7 @@ JNDI analogue).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -57,6 +58,7 @@ from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.connection import ConnectionLog, connect_nats
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
+from lbg.broker.nats.histories import HistoryFeed
 from lbg.broker.nats.parking import (
     NatsParkingLot,
     lot_stream,
@@ -85,6 +87,8 @@ ACK_WAIT = 30.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 OUTPUT_MAX_BYTES = 1024**3
 CONTROL_PREFIX = "_lbgctl"
+# nats-server (2.15) caps a stream that sets no max_consumers at 1000 consumers.
+SERVER_DEFAULT_CONSUMERS = 1000
 
 
 @functools.lru_cache(maxsize=SUBJECT_CACHE_SIZE)
@@ -110,6 +114,13 @@ def header_bytes(headers: Mapping[str, str]) -> int:
     return len(b"NATS/1.0\r\n\r\n") + sum(lines)
 
 
+def consumer_limit(config: GroupConfig) -> int:
+    """The events stream's max_consumers: the queues of two generations at once (a resize
+    keeps the old ones until they are drained, and QC <= HC), never below the server's
+    default (which refused QC 1024 with 'maximum consumers limit reached')."""
+    return max(SERVER_DEFAULT_CONSUMERS, 2 * config.hash_count)
+
+
 def control_subject(group: str) -> str:
     """Core NATS subject of the group's membership heartbeats (kept out of every stream)."""
     return f"{CONTROL_PREFIX}.{group}.members"
@@ -133,6 +144,7 @@ class NatsBroker(Broker):
     """The broker interface on NATS JetStream (embedded server, a real server or a cluster)."""
 
     resizable = True
+    bind_concurrency = 64
     publisher_users_hint = (
         "NATS users live in the server config: render them with"
         " python -m lbg.broker.nats.permissions --publisher-user U"
@@ -146,6 +158,9 @@ class NatsBroker(Broker):
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
         self._unpins = UnpinWatch(nc)
+        self._histories: dict[str, HistoryFeed] = {}
+        self._histories_made = asyncio.Lock()
+        self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
 
     @classmethod
     async def connect(
@@ -160,6 +175,8 @@ class NatsBroker(Broker):
 
     async def close(self) -> None:
         self._events.closing = True
+        for feed in self._histories.values():
+            await feed.close()
         with contextlib.suppress(Exception):
             await self._nc.drain()
 
@@ -228,6 +245,7 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE,
                     discard=DiscardPolicy.NEW,
                     max_bytes=config.queue_size_mb * config.queue_count * 1024 * 1024,
+                    max_consumers=consumer_limit(config),
                     num_replicas=config.replicas,
                 ),
             )
@@ -356,6 +374,7 @@ class NatsBroker(Broker):
             with contextlib.suppress(NotFoundError):
                 await self._js.delete_stream(stream)
         self._kv.pop(registry_bucket(name), None)
+        await self._forget(name)
         owners = await self._bucket(OWNERS_BUCKET)
         with contextlib.suppress(NotFoundError, NoKeysError):
             for key in await owners.keys():
@@ -365,6 +384,14 @@ class NatsBroker(Broker):
         with contextlib.suppress(NotFoundError):
             await configs.purge(generations.history_key(name))
         await configs.purge(name)
+
+    async def _forget(self, name: str) -> None:
+        """Drop what this connection remembers of a deleted group (a new one may take its name)."""
+        if (feed := self._histories.pop(name, None)) is not None:
+            await feed.close()
+        stream = events_stream(name)
+        for key in [k for k in self._settings if k[0] == stream]:
+            del self._settings[key]
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
         owners = await self._owners(name)
@@ -454,10 +481,6 @@ class NatsBroker(Broker):
         except BucketNotFoundError:
             raise needs_upgrade(group, f"KV bucket '{OWNERS_BUCKET}'") from None
 
-        async def history() -> list[Generation]:
-            configs = await self._bucket(CONFIG_BUCKET, create=False)
-            return (await generations.load(configs, group, await self.read_group(group)))[0]
-
         async def settings(consumer: str) -> tuple[float, bool]:
             return await self._consumer_settings(group, queue, consumer)
 
@@ -466,13 +489,37 @@ class NatsBroker(Broker):
             return await claim_epoch(owners, f"{group}.{queue}", record)
 
         stints = GroupStints(
-            self._nc, events_stream(group), config, history, settings, claim, self._unpins.watch
+            self._nc,
+            events_stream(group),
+            config,
+            await self._history(group),
+            settings,
+            claim,
+            self._unpins.watch,
         )
-        return StintBinding(queue, stints, await history(), preferred, on_change)
+        return StintBinding(queue, stints, preferred, on_change)
+
+    async def _history(self, group: str) -> HistoryFeed:
+        """The group's history, followed by one task for all its bindings on this connection."""
+        async with self._histories_made:  # queues are bound concurrently: one feed per group
+            if group not in self._histories:
+
+                async def load() -> list[Generation]:
+                    configs = await self._bucket(CONFIG_BUCKET, create=False)
+                    config = await self.read_group(group)
+                    return (await generations.load(configs, group, config))[0]
+
+                feed = HistoryFeed(group, load)
+                await feed.start()
+                self._histories[group] = feed
+            return self._histories[group]
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
-        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all)."""
+        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all);
+        asked once per consumer (a client binding QC queues asked twice each)."""
         stream = events_stream(group)
+        if (known := self._settings.get((stream, consumer))) is not None:
+            return known
         try:
             info = await jsapi.consumer_info(self._nc, stream, consumer)
         except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
@@ -481,7 +528,9 @@ class NatsBroker(Broker):
             raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
         timeout_ns = info.get("config", {}).get("priority_timeout") or 0
         ack_all = info.get("config", {}).get("ack_policy") == "all"
-        return (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
+        known = (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
+        self._settings[(stream, consumer)] = known
+        return known
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

@@ -5,7 +5,9 @@ generations' first, in order), each through its own NatsQueueBinding: an old sti
 its consumer is drained up to its end marker (then the consumer is deleted), and a stint
 starts only when the older consumers that carried any of its buckets are drained. Every
 member's binding of queue q walks the same stints, so the pin of each consumer keeps it
-exclusive; the client sees one binding whose active state follows the current stint.
+exclusive; the client sees one binding whose active state follows the current stint. A
+binding settled on its current generation's consumer sleeps until the group's history
+changes (histories.py): only a resize's drains are looked at every STEP_SECONDS.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.binding import FindEnd, NatsQueueBinding
+from lbg.broker.nats.histories import HistoryFeed
 from lbg.model.generations import Generation, members_for, sources
 from lbg.model.group import GroupConfig
 
@@ -38,14 +40,15 @@ Stint = tuple[Generation, int]
 
 @dataclass(frozen=True)
 class GroupStints:
-    """What a queue's stints need from the adapter: the group's events stream, its history,
-    a consumer's settings (priority timeout, cumulative acks), the owner-record claim, and the
-    watch that wakes a binding on its consumer's UNPINNED advisories."""
+    """What a queue's stints need from the adapter: the group's events stream, its history
+    (one feed for all the group's queues), a consumer's settings (priority timeout,
+    cumulative acks), the owner-record claim, and the watch that wakes a binding on its
+    consumer's UNPINNED advisories."""
 
     nc: Client
     stream: str
     config: GroupConfig
-    history: Callable[[], Awaitable[list[Generation]]]
+    history: HistoryFeed
     settings: Callable[[str], Awaitable[tuple[float, bool]]]
     claim: Callable[[str, str], Awaitable[int]]
     watch_unpins: Callable[[str, str, NatsQueueBinding], Awaitable[None]]
@@ -106,15 +109,14 @@ class StintBinding(QueueBinding):
         self,
         queue: int,
         group: GroupStints,
-        history: list[Generation],
         preferred: bool,
         on_change: StateListener | None,
     ) -> None:
         self.queue = queue
         self._group = group
-        self._history = history
-        self._refreshed = time.monotonic()
+        self._history = group.history.history
         self._preferred = preferred
+        self._coordinated = False
         self._on_change = on_change
         self._suspended = False
         self._drained: set[tuple[int, int]] = set()
@@ -187,6 +189,11 @@ class StintBinding(QueueBinding):
         if self._binding is not None:
             self._binding.set_preferred(preferred)
 
+    def set_coordinated(self) -> None:
+        self._coordinated = True
+        if self._binding is not None:
+            self._binding.set_coordinated()
+
     def suspend(self, suspended: bool) -> None:
         self._suspended = suspended
         if self._binding is not None:
@@ -230,8 +237,9 @@ class StintBinding(QueueBinding):
         responders', a client library cancels a call) is logged and tried again, never the
         end of the queue's binding."""
         while not self._closed:
+            changed = self._group.history.changed
             try:
-                await self._step()
+                settled = await self._step()
             except asyncio.CancelledError:
                 if cancel_requested():
                     raise
@@ -240,7 +248,11 @@ class StintBinding(QueueBinding):
             except Exception as exc:
                 log.warning("queue %d: stints: %s", self.queue, exc or type(exc).__name__)
                 await asyncio.sleep(REFRESH_SECONDS)
-            await asyncio.sleep(STEP_SECONDS)
+                continue
+            if settled:
+                await changed.wait()
+            else:
+                await asyncio.sleep(STEP_SECONDS)
 
     def _stints(self) -> list[Stint]:
         size = self._history[-1].size
@@ -251,27 +263,25 @@ class StintBinding(QueueBinding):
             if (generation.index, member) not in self._drained
         ]
 
-    async def _step(self) -> None:
-        now = time.monotonic()
-        stale = now - self._refreshed >= REFRESH_SECONDS
-        if self._stint is not None and self._binding is not None:
-            # Its end marker came before the config naming it: read the config until it does.
-            stale = stale or (self._stint[0].end is None and self._binding.end is not None)
-        if stale:
-            self._history = await self._group.history()
-            self._refreshed = now
-            if self._stint is not None:
-                self._stint = (self._history[self._stint[0].index], self._stint[1])
+    async def _step(self) -> bool:
+        """One look at the stints; True once settled on a stint that has no end yet (nothing
+        changes until the history does: its end marker may come first, but the config naming
+        it follows), or retired."""
+        self._history = self._group.history.history
         if self._stint is not None:
-            if self._stint[0].end is not None and await self._is_drained(self._stint):
+            self._stint = (self._history[self._stint[0].index], self._stint[1])
+            if self._stint[0].end is None:
+                return True
+            if await self._is_drained(self._stint):
                 await self._finish()
-            return
+            return False
         for stint in self._stints():
             if stint[0].end is not None and await self._is_drained(stint):
                 continue
             if await self._sources_drained(stint):
                 await self._start(stint)
-            return
+            return False
+        return True  # every stint of this queue is drained: it is retired
 
     async def _is_drained(self, stint: Stint) -> bool:
         """Whether an old consumer is drained; one found drained that this queue does not serve
@@ -299,6 +309,8 @@ class StintBinding(QueueBinding):
         binding = await self._group.open(self.queue, stint, self._preferred, self._on_change)
         if self._suspended:
             binding.suspend(True)
+        if self._coordinated:
+            binding.set_coordinated()
         self._stint, self._binding = stint, binding
         self._opened.set()
         self._woken.set()
