@@ -28,6 +28,8 @@ from lbg.settings import (
     BrokerSettings,
     ClientSettings,
     GroupSettings,
+    LoggingSettings,
+    MetricsSettings,
     PublisherSettings,
     ValidatorSettings,
 )
@@ -36,13 +38,16 @@ from lbg.settings import (
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     """What the operator commands read from --config: any daemon's config file will do (only
-    [broker], [group] name and [client] heartbeat_interval are used)."""
+    [broker], [group] name and [client] heartbeat_interval are used; the other sections are
+    checked and ignored)."""
 
     broker: BrokerSettings = dataclasses.field(default_factory=BrokerSettings)
     group: GroupSettings = dataclasses.field(default_factory=GroupSettings)
     client: ClientSettings = dataclasses.field(default_factory=ClientSettings)
     publisher: PublisherSettings = dataclasses.field(default_factory=PublisherSettings)
     validator: ValidatorSettings = dataclasses.field(default_factory=ValidatorSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
 
 
 @dataclass(frozen=True, slots=True)
