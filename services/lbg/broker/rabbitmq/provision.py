@@ -82,27 +82,16 @@ class RabbitProvisioning:
                 created.append(("queue", declared.name))
                 for key in topology.bucket_binding_keys(config, queue):
                     await declared.bind(exchange, key)
-            output = await channel.declare_queue(
-                topology.output_queue_name(name),
-                durable=True,
-                arguments=topology.output_arguments(),
-            )
-            created.append(("queue", output.name))
-            await output.bind(exchange, topology.output_binding_key(name))
-            owners = await channel.declare_queue(
-                topology.owners_stream_name(name),
-                durable=True,
-                arguments=topology.output_arguments(),
-            )
-            created.append(("queue", owners.name))
-            await owners.bind(exchange, topology.owners_binding_key(name))
-            parked = await channel.declare_queue(
-                topology.parked_stream_name(name),
-                durable=True,
-                arguments=topology.output_arguments(),
-            )
-            created.append(("queue", parked.name))
-            await parked.bind(exchange, topology.parked_routing_key(name))
+            for stream_name, binding_key in (
+                (topology.output_queue_name(name), topology.output_binding_key(name)),
+                (topology.owners_stream_name(name), topology.owners_binding_key(name)),
+                (topology.parked_stream_name(name), topology.parked_routing_key(name)),
+            ):
+                stream = await channel.declare_queue(
+                    stream_name, durable=True, arguments=topology.output_arguments()
+                )
+                created.append(("queue", stream.name))
+                await stream.bind(exchange, binding_key)
             stored = await channel.declare_queue(
                 topology.config_queue_name(name), durable=True, arguments={"x-queue-type": "stream"}
             )
