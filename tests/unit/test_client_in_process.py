@@ -87,6 +87,7 @@ class Group:
         self.members: dict[str, Member] = {}
         self.gates: dict[str, asyncio.Event] = {}
         self.delay = 0.0
+        self.backoff = 0.2
         self.published: dict[str, int] = {}
         self._publisher: HashedPublisher | None = None
 
@@ -130,6 +131,7 @@ class Group:
             cycle_seconds=0.1,
             window=self.window,
             hooks=hooks,
+            retry_backoff=self.backoff,
         )
         stop = asyncio.Event()
         token = MEMBER.set(name)

@@ -16,7 +16,7 @@ from tests.unit.test_client_in_process import (
 
 from lbg.admin.parking import list_parked, unpark, wait_unparked
 from lbg.broker import connect_broker
-from lbg.broker.base import Broker, BrokerError, ParkedEvent
+from lbg.broker.base import Broker, BrokerError, ParkedEvent, PublishError, UndeliverableEvent
 from lbg.broker.memory import memory_store
 from lbg.broker.memory.adapter import MemoryBroker
 from lbg.client.coordination import DynamicRole
@@ -201,3 +201,41 @@ def test_on_a_broker_without_a_parking_lot_a_failing_event_is_dead_lettered_as_b
     dead = [m for m in memory_store("inproc").outputs["g"] if m.kind is OutputKind.DEAD]
     assert [m.headers["Lbg-Seq"] for m in dead] == ["5"]
     check_all_once_in_order(group, skipped={POISON})
+
+
+class BrokerFailsGroup(PoisonGroup):
+    """A group whose handler's publish of POISON fails `failures` times with `error`."""
+
+    def __init__(self, error: BrokerError, failures: int) -> None:
+        super().__init__()
+        self.backoff = 0.02
+        self.error = error
+        self.failures = failures
+
+    async def handle(self, event: Event, context: Context) -> None:
+        if (event.key, event.seq) == POISON and self.failures:
+            self.failures -= 1
+            raise self.error
+        await Group.handle(self, event, context)
+
+
+def test_a_handler_the_broker_fails_is_retried_past_the_retries_and_never_parks_its_key() -> None:
+    async def scenario(group: BrokerFailsGroup) -> None:
+        await group.join("a")
+        await group.publish(10 * KEYS, keys=KEYS)
+        await group.settle()
+
+    group = BrokerFailsGroup(PublishError("no acknowledgement in time"), failures=6)
+    run(scenario, group)
+    check_all_once_in_order(group)
+    assert group.failures == 0 and lot_of(POISON[0]) == []
+
+
+def test_an_event_the_broker_refuses_as_it_is_parks_its_key_after_the_retries() -> None:
+    async def scenario(group: BrokerFailsGroup) -> None:
+        await group.join("a")
+        await park_the_poison_key(group)
+
+    group = BrokerFailsGroup(UndeliverableEvent("body too large"), failures=100)
+    run(scenario, group)
+    assert group.failures == 100 - 4, "--retries 3: four attempts, then parked"

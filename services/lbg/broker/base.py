@@ -58,6 +58,12 @@ class UndeliverableEvent(BrokerError):
     so it is refused as bad input."""
 
 
+def broker_trouble(exc: BaseException) -> bool:
+    """A broker error that waiting can cure (no leader, no confirmation in time), as opposed
+    to an event the broker refuses as it is: the broker's failure, not the event's."""
+    return isinstance(exc, BrokerError) and not isinstance(exc, UndeliverableEvent)
+
+
 class UndeliverableKey(UndeliverableEvent):
     """An event's key does not fit the broker's destinations (too long once encoded):
     retrying cannot help, so its events are refused as bad input."""

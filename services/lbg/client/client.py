@@ -22,7 +22,7 @@ from functools import partial
 from prometheus_client import Histogram
 
 from lbg.aio import cancel_and_wait, gather_bounded
-from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding
+from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding, broker_trouble
 from lbg.client.coordination import (
     DynamicRole,
     GroupCoordinator,
@@ -59,6 +59,8 @@ KEY_PARKED = "an earlier event of the key is parked"
 # Outcome of running the handler on an event: handled (None), failed for good (why, attempts),
 # or not run to its end because the queue was lost meanwhile (LOST).
 LOST = ("lost", -1)
+# The longest wait between a handler's tries while the broker fails it (broker_trouble).
+BROKER_WAIT_CAP = 2.0
 
 
 class LbgClient:
@@ -435,10 +437,14 @@ class LbgClient:
         self, event: Event, context: Context, still_ours: Callable[[], bool]
     ) -> tuple[str, int] | None:
         """Run the handler on an event with retries: None once handled, (why, attempts) if
-        it failed for good or hung too often, LOST if `still_ours` stopped holding first."""
-        for attempt in range(1, self._retries + 2):
+        it failed for good or hung too often, LOST if `still_ours` stopped holding first.
+        A broker error out of the handler (its publish not confirmed while a stream leader is
+        elected) is the broker's, not the event's: it is retried without using an attempt."""
+        attempt = waits = 0
+        while attempt <= self._retries:
             if not still_ours():
                 return LOST
+            attempt += 1
             token = object()
             started = self._busy[token] = time.monotonic()
             watched = self._hangs.watch(event.key, self._park_after_stalls, started)
@@ -453,6 +459,18 @@ class LbgClient:
                 return hung, attempt
             except Exception as exc:
                 self.stats.handler_errors += 1
+                if broker_trouble(exc):
+                    attempt -= 1
+                    waits += 1
+                    log.warning(
+                        "queue %d: the broker failed the handler on key %r seq %s (%r): retrying",
+                        context.queue,
+                        event.key[:80],
+                        event.seq,
+                        exc,
+                    )
+                    await asyncio.sleep(min(BROKER_WAIT_CAP, self._backoff * 2 ** min(waits, 8)))
+                    continue
                 if attempt > self._retries:
                     return f"handler failed {attempt} times: {exc!r}", attempt
                 log.warning(
