@@ -205,12 +205,12 @@ class Coordinator:
         self._gone_queues = {
             q: t for q, t in self._gone_queues.items() if now - t < 20 * self.lease
         }
-        self.rebalance()
-        await self._beat()
+        held = self.rebalance()
+        await self._beat(held)
         await self._gossip()
         await self._ask_syncs()
         if current:
-            await self._evict_gone_owners()
+            await self._evict_gone_owners(held)
 
     def _lapse(self, reason: str) -> None:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
@@ -329,8 +329,9 @@ class Coordinator:
         await self._broker.publish_control(self._group, body)
         self._last_gossip = now
 
-    def rebalance(self) -> None:
-        """Recompute the assignment and steer the bindings towards it."""
+    def rebalance(self) -> dict[int, Holding]:
+        """Recompute the assignment and steer the bindings towards it; returns what this
+        member holds once steered (read again only if a preference changed)."""
         held = self._steering.holdings()
         members = self._members()
         pinned = self.overrides.active(members)
@@ -342,11 +343,12 @@ class Coordinator:
             for queue in set(mine).difference(self._mine):
                 self._looked.pop(queue, None)  # new here: ask who holds it at once
             self._mine = mine
-        self._steering.prefer_only(self._mine)
+        told = self._steering.prefer_only(self._mine)
         for queue, holding in held.items():
             owner = self.desired.get(queue)
             if holding.active and owner != self.member and self._ready(owner, queue):
                 self._steering.release(queue)
+        return self._steering.holdings() if told else held
 
     def _ready(self, member: str | None, queue: int) -> bool:
         """The new owner stands ready for the queue (a release now pauses it only briefly)."""
@@ -355,7 +357,7 @@ class Coordinator:
             return self.state is MemberState.LEAVING
         return queue in heartbeat.wants
 
-    async def _evict_gone_owners(self) -> None:
+    async def _evict_gone_owners(self, held: dict[int, Holding]) -> None:
         """Take over queues assigned here whose broker owner is gone, stalled or unknown.
 
         A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
@@ -379,7 +381,7 @@ class Coordinator:
             *self._unknown,
             *(q for hb in stalled_owners for q in hb.owns),
         }
-        now, held = self._clock(), self._steering.holdings()
+        now = self._clock()
         due = [
             queue
             for queue in self._mine
@@ -403,8 +405,8 @@ class Coordinator:
                 unknown[queue] = (pin, since)
         self._unknown = unknown
 
-    async def _beat(self) -> None:
-        holdings = self._steering.holdings()
+    async def _beat(self, held: dict[int, Holding] | None = None) -> None:
+        holdings = self._steering.holdings() if held is None else held
         owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
         wants = frozenset(q for q, h in holdings.items() if h.waiting)
         digest = queues_digest(owns, wants)

@@ -38,8 +38,9 @@ class Steering(Protocol):
         """The queue's binding became active or stopped being so: read it next time."""
         ...
 
-    def prefer_only(self, queues: Collection[int]) -> None:
-        """Stand ready for exactly these queues as their preferred next owner."""
+    def prefer_only(self, queues: Collection[int]) -> bool:
+        """Stand ready for exactly these queues as their preferred next owner; True if that
+        changed anything."""
         ...
 
     def release(self, queue: int) -> None:
@@ -104,17 +105,20 @@ class BindingSteering:
     def changed(self, queue: int) -> None:
         self._watched.add(queue)
 
-    def prefer_only(self, queues: Collection[int]) -> None:
-        told = self._preferred
+    def prefer_only(self, queues: Collection[int]) -> bool:
+        told, changed = self._preferred, False
         for queue in [q for q in told if q not in queues]:
             binding = told.pop(queue)
             if self._bindings.get(queue) is binding:
                 binding.set_preferred(False)
+                changed = True
         for queue in queues:
             binding = self._bindings.get(queue)
             if binding is not None and told.get(queue) is not binding:
                 binding.set_preferred(True)
                 told[queue] = binding
+                changed = True
+        return changed
 
     def release(self, queue: int) -> None:
         self._request_release(queue)
