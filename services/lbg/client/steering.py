@@ -70,9 +70,10 @@ class BindingSteering:
     Only a preferred binding waits, and a binding that becomes active says so (`changed`, from
     the client's state listener); what was held is read again until it holds nothing. Every
     binding is read once per FULL_READ_SECONDS anyway, for what no listener reports (a
-    non-exclusive group's binding is active from the start)."""
+    non-exclusive group's binding is active from the start; a pin of this member's that it
+    does not claim meanwhile is an unclaimed pin to the others, evicted as such)."""
 
-    FULL_READ_SECONDS = 1.0
+    FULL_READ_SECONDS = 5.0
 
     def __init__(
         self,
