@@ -2,17 +2,21 @@
 non-preferred standby waits for the server's UNPINNED advisory instead of asking who owns the
 queue every second (a coordinated one asks only after an advisory), yet still takes over a
 silent owner's queue once its pin lapses, and a waiting preferred standby keeps one long pull
-open rather than one per third of a priority timeout, which it ends when it is demoted."""
+open rather than one per third of a priority timeout, which it ends when it is demoted, and
+sends again as soon as its connection comes back from a server restart."""
 
 import asyncio
 import time
 import uuid
+from pathlib import Path
 
 import nats
 import pytest
 
 from lbg.broker import connect_broker
+from lbg.broker.base import BrokerError
 from lbg.broker.nats.adapter import consumer_name, events_stream
+from lbg.devstack.embedded import EmbeddedNats
 from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
 from lbg.settings import BrokerSettings
@@ -133,3 +137,58 @@ async def waiting_queue(url: str) -> None:
 
 def test_a_waiting_standby_keeps_one_long_pull_and_ends_it_when_demoted(nats_url: str) -> None:
     asyncio.run(waiting_queue(nats_url))
+
+
+async def waiting_through_a_restart(server: EmbeddedNats) -> None:
+    """A coordinated waiting standby: one pull for many priority timeouts, and a new one as
+    soon as the connection comes back from a server restart (which lost the old one)."""
+    group = f"wait{uuid.uuid4().hex[:6]}"
+    settings = BrokerSettings(url=server.url)
+    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
+    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
+    await admin.create_group(group, config)
+    side = await connect_broker(settings, "standby", PRIORITY_TIMEOUT)
+    monitor = await nats.connect(server.url)
+    pulls: list[str] = []
+    api = f"{events_stream(group)}.{consumer_name(0)}"
+    await monitor.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{api}", cb=_record(pulls))
+    try:
+        standby = await side.bind(group, config, 0, "standby", preferred=True)
+        standby.set_coordinated()
+        await asyncio.sleep(PRIORITY_TIMEOUT)
+        pulls.clear()
+        await asyncio.sleep(IDLE_SECONDS)
+        assert not pulls, f"a coordinated waiting standby pulled {len(pulls)} times"
+        await monitor.close()
+        await asyncio.to_thread(server.restart)
+        restarted = time.monotonic()
+        await publish_once_back(HashedPublisher(admin, group, config, "pub"))
+        await until(lambda: standby.active, 10, "the waiting standby's takeover")
+        taken = time.monotonic() - restarted
+        assert taken < 5 * PRIORITY_TIMEOUT, f"taken {taken:.2f} s after the restart"
+        await standby.close()
+    finally:
+        await side.close()
+        await admin.delete_group(group)
+        await admin.close()
+
+
+async def publish_once_back(publisher: HashedPublisher) -> None:
+    """Publish one event as soon as the broker takes it again."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await publisher.publish("k", b"{}")
+            return
+        except BrokerError:
+            assert time.monotonic() < deadline, "the broker did not come back"
+            await asyncio.sleep(0.2)
+
+
+def test_a_waiting_standby_pulls_again_when_the_connection_comes_back(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    try:
+        asyncio.run(waiting_through_a_restart(server))
+    finally:
+        server.kill()

@@ -8,9 +8,9 @@ from lbg.broker import connect_broker
 from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
-from lbg.client.coordinator import Coordinator
+from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
 from lbg.client.steering import BindingSteering
-from lbg.model.control import Heartbeat, decode_control, encode_sync
+from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync
 from lbg.model.group import GroupConfig
 from lbg.model.messages import MalformedMessage
 from lbg.settings import BrokerSettings
@@ -48,7 +48,7 @@ async def held_by(*holders: str) -> tuple[Broker, list[MemoryQueueBinding], Memo
 
 def member(broker: Broker, mine: MemoryQueueBinding, clock: Clock) -> Coordinator:
     steering = BindingSteering({0: mine}, lambda q: None)
-    return Coordinator(broker, "g", "me", steering, interval=0.15, clock=clock)
+    return Coordinator(broker, "g", "me", steering, interval=0.15, clock=clock, queue_count=1)
 
 
 def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> None:
@@ -107,31 +107,66 @@ def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
     asyncio.run(rounds())
 
 
-def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_two_leases() -> None:
-    clock = Clock()
-    looked: list[float] = []
+async def idle_member(clock: Clock, looked: list[float]) -> Coordinator:
+    """This member alone with queue 0, which nobody holds (as on an idle NATS), counting its
+    questions to the broker about who holds it."""
 
     class CountingSteering(BindingSteering):
         async def pinned_by(self, queue: int) -> str | None:
             looked.append(clock.now)
             return await super().pinned_by(queue)
 
+    reset_memory_brokers()
+    admin = await connect_broker(BrokerSettings(url=URL), "admin")
+    await admin.create_group("g", CONFIG)
+    broker, mine = await bind("me")
+    mine.suspend(True)  # it takes the queue no more: nobody holds it
+    mine.state.unpin("test")
+    steering = CountingSteering({0: mine}, lambda q: None)
+    coordinator = Coordinator(
+        broker, "g", "me", steering, interval=0.15, clock=clock, queue_count=1
+    )
+    await coordinator.join()
+    return coordinator
+
+
+def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_lookup_period() -> None:
+    clock = Clock()
+    looked: list[float] = []
+    period = LOOKUP_LEASES * 0.7
+
     async def rounds() -> None:
-        reset_memory_brokers()
-        admin = await connect_broker(BrokerSettings(url=URL), "admin")
-        await admin.create_group("g", CONFIG)
-        broker, mine = await bind("me")
-        mine.suspend(True)  # it takes the queue no more: nobody holds it, as on an idle NATS
-        mine.state.unpin("test")
-        steering = CountingSteering({0: mine}, lambda q: None)
-        coordinator = Coordinator(broker, "g", "me", steering, interval=0.15, clock=clock)
-        await coordinator.join()
-        for _ in range(12):  # 1.8 s of rounds
+        coordinator = await idle_member(clock, looked)
+        for _ in range(round(period / 0.15) + 2):
             clock.now += 0.15
             await coordinator.tick()
 
     asyncio.run(rounds())
-    assert 1 <= len(looked) <= 2, f"asked {len(looked)} times in 1.8 s"
+    assert len(looked) == 2, f"asked {len(looked)} times in {period:.1f} s and a little"
+    assert looked[1] - looked[0] >= period
+
+
+def test_a_queue_that_comes_back_to_this_member_is_looked_up_at_once() -> None:
+    """A member that just left may have been pinned before it could say so: its queues'
+    new owner asks who holds them at its next round, however recently it asked before."""
+    clock = Clock()
+    looked: list[float] = []
+
+    async def rounds() -> None:
+        coordinator = await idle_member(clock, looked)
+        clock.now += 0.15
+        await coordinator.tick()
+        coordinator._receive(Heartbeat("a-peer", MemberState.ACTIVE).encode())
+        assert coordinator.desired[0] == "a-peer", "the test needs the peer to get queue 0"
+        clock.now += 0.15
+        await coordinator.tick()
+        coordinator._receive(Heartbeat("a-peer", MemberState.LEAVING).encode())
+        asked = len(looked)
+        clock.now += 0.15
+        await coordinator.tick()
+        assert len(looked) == asked + 1, "queue 0 came back and was not looked up at once"
+
+    asyncio.run(rounds())
 
 
 def test_heartbeats_carry_the_queues_only_when_they_change_or_someone_asks() -> None:
@@ -173,7 +208,12 @@ def test_a_call_its_client_library_cancels_does_not_end_the_heartbeat_loop() -> 
     async def rounds() -> None:
         broker, _, mine = await held_by("other")
         coordinator = Coordinator(
-            broker, "g", "me", BindingSteering({0: mine}, lambda q: None), interval=0.02
+            broker,
+            "g",
+            "me",
+            BindingSteering({0: mine}, lambda q: None),
+            interval=0.02,
+            queue_count=1,
         )
         await coordinator.join()
         sent = broker.publish_control

@@ -217,7 +217,8 @@ class QueueBinding(abc.ABC):
     @property
     @abc.abstractmethod
     def waiting(self) -> bool:
-        """True while this binding stands ready to take the queue the moment it is released."""
+        """True while this binding stands ready to take the queue the moment it is released:
+        only a preferred binding that is not active waits (the coordinator reads no other)."""
 
     @abc.abstractmethod
     def set_preferred(self, preferred: bool) -> None:

@@ -144,6 +144,7 @@ class LbgClient:
 
     def _on_change(self, queue: int, active: bool) -> None:
         self._interrupt(queue)
+        self._coordinator.changed(queue)
         if active:
             self.stats.active.add(queue)
             self.stats.handovers += 1

@@ -88,6 +88,10 @@ class GroupCoordinator(Protocol):
         """Whether the member as a whole may process and ack now (its lease holds)."""
         ...
 
+    def changed(self, queue: int) -> None:
+        """The queue's binding became active or stopped being so."""
+        ...
+
     async def serve(self, stop: asyncio.Event) -> None:
         """Steer the bindings until `stop` is set, then start handing the queues over."""
         ...
@@ -125,6 +129,9 @@ class StaticCoordinator:
 
     def may_process(self) -> bool:
         return True
+
+    def changed(self, queue: int) -> None:
+        return None
 
     async def serve(self, stop: asyncio.Event) -> None:
         seat = self._seat
@@ -166,11 +173,12 @@ class DynamicCoordinator:
     def __init__(self, seat: Seat, role: DynamicRole, queue_count: int, generation: int) -> None:
         self._seat = seat
         self._role = role
+        self._steering = BindingSteering(seat.bindings, seat.request_release)
         self.membership = Coordinator(
             seat.broker,
             seat.group,
             seat.client_id,
-            BindingSteering(seat.bindings, seat.request_release),
+            self._steering,
             interval=role.heartbeat_interval,
             lease=role.lease,
             margin=role.lease_margin,
@@ -190,6 +198,9 @@ class DynamicCoordinator:
 
     def may_process(self) -> bool:
         return self.membership.lease_ok()
+
+    def changed(self, queue: int) -> None:
+        self._steering.changed(queue)
 
     async def serve(self, stop: asyncio.Event) -> None:
         membership, role = self.membership, self._role

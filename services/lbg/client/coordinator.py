@@ -29,7 +29,7 @@ from collections.abc import Callable
 from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.membership import MembershipView
-from lbg.client.steering import Steering
+from lbg.client.steering import Holding, Steering
 from lbg.model.control import (
     GOSSIP_SECONDS,
     ControlMessage,
@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 
 JOIN_LISTEN_SECONDS = 0.1
 # A queue assigned here but held by nobody this member knows of is looked up at the broker
-# this many leases apart (at every round once an unknown pin is seen, or its owner is gone
-# or stalled), so an idle member does not ask the broker about every queue every round.
-LOOKUP_LEASES = 2.0
+# when it comes to this member, then this many leases apart (at every round once an unknown
+# pin is seen, or its owner is gone or stalled), so an idle member does not keep asking the
+# broker about every queue it waits for.
+LOOKUP_LEASES = 10.0
 
 
 class Coordinator:
@@ -71,8 +72,8 @@ class Coordinator:
         lease: float = 0.7,
         clock: Callable[[], float] = time.monotonic,
         *,
+        queue_count: int,
         margin: float = 0.15,
-        queue_count: int | None = None,
         generation: int = 0,
         on_newer_generation: Callable[[int], None] | None = None,
     ) -> None:
@@ -80,7 +81,7 @@ class Coordinator:
         self._group = group
         self.member = member
         self._steering = steering
-        self.queue_count = len(steering.holdings()) if queue_count is None else queue_count
+        self.queue_count = queue_count
         self.generation = generation
         self._on_newer_generation = on_newer_generation
         self.interval = interval
@@ -94,6 +95,7 @@ class Coordinator:
         self._gone_queues: dict[int, float] = {}
         self._looked: dict[int, float] = {}
         self._assigned: tuple[object, ...] | None = None
+        self._mine: tuple[int, ...] = ()
         self._unknown: dict[int, tuple[str, float]] = {}
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
@@ -203,12 +205,12 @@ class Coordinator:
         self._gone_queues = {
             q: t for q, t in self._gone_queues.items() if now - t < 20 * self.lease
         }
-        self.rebalance()
-        await self._beat()
+        held = self.rebalance()
+        await self._beat(held)
         await self._gossip()
         await self._ask_syncs()
         if current:
-            await self._evict_gone_owners()
+            await self._evict_gone_owners(held)
 
     def _lapse(self, reason: str) -> None:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
@@ -269,13 +271,10 @@ class Coordinator:
             members.add(self.member)
         return sorted(members)
 
-    def _current(self) -> dict[int, str]:
+    def _current(self, held: dict[int, Holding]) -> dict[int, str]:
+        """Who serves which queue: the others by their word, this member by its bindings."""
         current = self.view.owners()
-        for queue, holding in self._steering.holdings().items():
-            if holding.active:
-                current[queue] = self.member
-            elif current.get(queue) == self.member:
-                del current[queue]
+        current.update((queue, self.member) for queue, h in held.items() if h.active)
         return current
 
     def _answer_newcomer(self) -> None:
@@ -330,19 +329,26 @@ class Coordinator:
         await self._broker.publish_control(self._group, body)
         self._last_gossip = now
 
-    def rebalance(self) -> None:
-        """Recompute the assignment and steer the bindings towards it."""
+    def rebalance(self) -> dict[int, Holding]:
+        """Recompute the assignment and steer the bindings towards it; returns what this
+        member holds once steered (read again only if a preference changed)."""
+        held = self._steering.holdings()
         members = self._members()
         pinned = self.overrides.active(members)
-        inputs = (self.queue_count, members, self._current(), pinned)
+        inputs = (self.queue_count, members, self._current(held), pinned)
         if inputs != self._assigned:  # the same inputs give the same assignment: skip it
             self.desired = assign_with_overrides(*inputs)
             self._assigned = inputs
-        for queue, holding in self._steering.holdings().items():
+            mine = tuple(sorted(q for q, m in self.desired.items() if m == self.member))
+            for queue in set(mine).difference(self._mine):
+                self._looked.pop(queue, None)  # new here: ask who holds it at once
+            self._mine = mine
+        told = self._steering.prefer_only(self._mine)
+        for queue, holding in held.items():
             owner = self.desired.get(queue)
-            self._steering.prefer(queue, owner == self.member)
             if holding.active and owner != self.member and self._ready(owner, queue):
                 self._steering.release(queue)
+        return self._steering.holdings() if told else held
 
     def _ready(self, member: str | None, queue: int) -> bool:
         """The new owner stands ready for the queue (a release now pauses it only briefly)."""
@@ -351,7 +357,7 @@ class Coordinator:
             return self.state is MemberState.LEAVING
         return queue in heartbeat.wants
 
-    async def _evict_gone_owners(self) -> None:
+    async def _evict_gone_owners(self, held: dict[int, Holding]) -> None:
         """Take over queues assigned here whose broker owner is gone, stalled or unknown.
 
         A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
@@ -359,8 +365,9 @@ class Coordinator:
         may have just taken the queue and been cut off before saying so: its own lease
         rests on a heartbeat sent no later than it saw the pin, so it has stopped by then).
         The broker is asked at every round only about queues a gone or stalled member held
-        or an unknown pin holds; about the others every LOOKUP_LEASES (an unknown pin that
-        appears meanwhile waits that much longer, while the broker's own timeout runs too).
+        or an unknown pin holds; about a queue that just came here at once; about the others
+        every LOOKUP_LEASES (an unknown pin that appears on a queue this member waits for
+        meanwhile waits that much longer, while the broker's own timeout runs too).
         """
         live = self.view.pins()
         stalled_owners = [
@@ -377,9 +384,8 @@ class Coordinator:
         now = self._clock()
         due = [
             queue
-            for queue, holding in self._steering.holdings().items()
-            if self.desired.get(queue) == self.member
-            and not holding.active
+            for queue in self._mine
+            if not ((holding := held.get(queue)) and holding.active)
             and (
                 queue in suspects
                 or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * self.lease
@@ -399,8 +405,8 @@ class Coordinator:
                 unknown[queue] = (pin, since)
         self._unknown = unknown
 
-    async def _beat(self) -> None:
-        holdings = self._steering.holdings()
+    async def _beat(self, held: dict[int, Holding] | None = None) -> None:
+        holdings = self._steering.holdings() if held is None else held
         owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
         wants = frozenset(q for q, h in holdings.items() if h.waiting)
         digest = queues_digest(owns, wants)

@@ -1,10 +1,16 @@
 """The coordinator's hold on the client's queues: it reads what each queue's binding holds and
 tells the client what to prefer, release, fence, suspend or evict, without touching a binding
-itself (the client owns its bindings; the coordinator only steers)."""
+itself (the client owns its bindings; the coordinator only steers).
+
+A round reads only the bindings that may hold something (active or waiting ones, the
+preferred ones, the ones whose state changed), not every queue: an idle member's rounds cost
+what it holds, not the queue count.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,11 +30,17 @@ class Steering(Protocol):
     """What a dynamic coordinator may read of and ask of its client's queues."""
 
     def holdings(self) -> dict[int, Holding]:
-        """Every queue the client is bound to, and what it holds of each now."""
+        """The queues the client holds something of now (active or waiting), and what; it
+        holds nothing of the other queues it is bound to."""
         ...
 
-    def prefer(self, queue: int, preferred: bool) -> None:
-        """Stand ready for `queue` as its preferred next owner, or stop doing so."""
+    def changed(self, queue: int) -> None:
+        """The queue's binding became active or stopped being so: read it next time."""
+        ...
+
+    def prefer_only(self, queues: Collection[int]) -> bool:
+        """Stand ready for exactly these queues as their preferred next owner; True if that
+        changed anything."""
         ...
 
     def release(self, queue: int) -> None:
@@ -53,23 +65,61 @@ class Steering(Protocol):
 
 
 class BindingSteering:
-    """Steering over a client's live bindings and its workers' release requests."""
+    """Steering over a client's live bindings and its workers' release requests.
+
+    Only a preferred binding waits, and a binding that becomes active says so (`changed`, from
+    the client's state listener); what was held is read again until it holds nothing. Every
+    binding is read once per FULL_READ_SECONDS anyway, for what no listener reports (a
+    non-exclusive group's binding is active from the start; a pin of this member's that it
+    does not claim meanwhile is an unclaimed pin to the others, evicted as such)."""
+
+    FULL_READ_SECONDS = 5.0
 
     def __init__(
-        self, bindings: Mapping[int, QueueBinding], request_release: Callable[[int], None]
+        self,
+        bindings: Mapping[int, QueueBinding],
+        request_release: Callable[[int], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._bindings = bindings
         self._request_release = request_release
+        self._clock = clock
+        self._preferred: dict[int, QueueBinding] = {}  # the bindings told to stand ready
+        self._watched: set[int] = set()
+        self._read_all = -float("inf")
 
     def holdings(self) -> dict[int, Holding]:
-        return {
-            queue: Holding(binding.active, binding.pin, binding.waiting)
-            for queue, binding in list(self._bindings.items())
-        }
+        now = self._clock()
+        if now - self._read_all >= self.FULL_READ_SECONDS:
+            self._read_all = now
+            queues: Collection[int] = list(self._bindings)
+        else:
+            queues = self._watched | self._preferred.keys()
+        held = {}
+        for queue in queues:
+            binding = self._bindings.get(queue)
+            if binding is not None and ((active := binding.active) or binding.waiting):
+                held[queue] = Holding(active, binding.pin, waiting=not active)
+        self._watched = set(held)
+        return held
 
-    def prefer(self, queue: int, preferred: bool) -> None:
-        if (binding := self._bindings.get(queue)) is not None:
-            binding.set_preferred(preferred)
+    def changed(self, queue: int) -> None:
+        self._watched.add(queue)
+
+    def prefer_only(self, queues: Collection[int]) -> bool:
+        told, changed = self._preferred, False
+        for queue in [q for q in told if q not in queues]:
+            binding = told.pop(queue)
+            if self._bindings.get(queue) is binding:
+                binding.set_preferred(False)
+                changed = True
+        for queue in queues:
+            binding = self._bindings.get(queue)
+            if binding is not None and told.get(queue) is not binding:
+                binding.set_preferred(True)
+                told[queue] = binding
+                changed = True
+        return changed
 
     def release(self, queue: int) -> None:
         self._request_release(queue)

@@ -158,6 +158,7 @@ class NatsBroker(Broker):
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
         self._unpins = UnpinWatch(nc)
+        events.on_reconnect.append(self._unpins.reconnected)
         self._histories: dict[str, HistoryFeed] = {}
         self._histories_made = asyncio.Lock()
         self._settings: dict[tuple[str, str], tuple[float, bool]] = {}

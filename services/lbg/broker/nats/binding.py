@@ -45,7 +45,10 @@ PULL_BATCH = 200
 ADVISED_LOOK_TIMEOUTS = 5
 # A coordinated standby (set_coordinated) that is not preferred looks after an advisory, else
 # only this many priority timeouts after its last look: its coordinator makes another member
-# preferred when one goes (at QC 256 x 8, looks every 5 timeouts were 179 requests/s).
+# preferred when one goes (at QC 256 x 8, looks every 5 timeouts were 179 requests/s). A
+# coordinated waiting one's pull lasts as long, and it looks for orphaned deliveries as
+# rarely unless advised (a lost advisory: the ack wait redelivers them meanwhile); after a
+# reconnect it pulls and looks again at once (the server may have lost the pull).
 COORDINATED_LOOK_TIMEOUTS = 30
 
 # Records this client as the queue's owner under `pin`; returns the new ownership epoch.
@@ -129,6 +132,14 @@ class NatsQueueBinding(LoopBinding):
     def waiting(self) -> bool:
         return self._pinned and self._preferred and not self._active and self._running.is_set()
 
+    def reconnected(self) -> None:
+        """The connection came back: a waiting standby's long pull may have been lost with
+        the server's state, and an advisory missed: it pulls and looks again now (an owner's
+        pulls are short, and must not be cut: what they bring is the queue's order)."""
+        if self.waiting:
+            self._abort_pull()
+            self.unpinned()
+
     def unpinned(self) -> None:
         """The server says the queue lost its pin: a standby in the background looks now, a
         waiting one looks for the deliveries the last owner left unacked (now, while its
@@ -156,7 +167,7 @@ class NatsQueueBinding(LoopBinding):
     def set_preferred(self, preferred: bool) -> None:
         """A demoted standby ends its waiting pull now (it lasts several priority timeouts),
         so that the queue's new preferred client wins the next pin."""
-        if preferred == self._preferred:  # the coordinator says so every round, per queue
+        if preferred == self._preferred:
             return
         waiting = self.waiting
         super().set_preferred(preferred)
@@ -333,12 +344,13 @@ class NatsQueueBinding(LoopBinding):
     def _pull_expires(self) -> float:
         """How long the next pull lasts: a third of the priority timeout while it keeps a pin
         (the server unpins a priority timeout after the last pull it received) or looks for
-        one unadvised; ADVISED_LOOK_TIMEOUTS for a waiting standby told of unpins."""
-        return (
-            self._timeout * ADVISED_LOOK_TIMEOUTS
-            if self._advised and self.waiting
-            else self._expires
-        )
+        one unadvised; the look period for a waiting standby told of unpins."""
+        return self._advised_look() if self._advised and self.waiting else self._expires
+
+    def _advised_look(self) -> float:
+        """How long a waiting standby told of unpins goes without looking by itself."""
+        timeouts = COORDINATED_LOOK_TIMEOUTS if self._coordinated else ADVISED_LOOK_TIMEOUTS
+        return self._timeout * timeouts
 
     async def _pull_once(self) -> None:
         pull = _Pull(remaining=PULL_BATCH, sent=time.monotonic())
@@ -372,7 +384,7 @@ class NatsQueueBinding(LoopBinding):
         UNPINNED advisories tell it when an owner let go (orphans appear only then), and it
         looked less than ADVISED_LOOK_TIMEOUTS ago (an advisory may be lost)."""
         now = time.monotonic()
-        if not self._advised or now - self._looked >= self._timeout * ADVISED_LOOK_TIMEOUTS:
+        if not self._advised or now - self._looked >= self._advised_look():
             self._looked = now
             return True
         return False

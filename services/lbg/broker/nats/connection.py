@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 
 import nats
 from nats.aio.client import Client
@@ -37,6 +38,7 @@ class ConnectionLog:
         self.connected = False
         self.last_error = ""
         self.refused: set[str] = set()
+        self.on_reconnect: list[Callable[[], None]] = []
 
     def refusal(self, subject: str) -> str | None:
         """Why nothing came back for `subject`, if the server refused this user publishing to
@@ -62,6 +64,8 @@ class ConnectionLog:
 
     async def reconnected(self) -> None:
         log.info("reconnected to the broker")
+        for listener in self.on_reconnect:
+            listener()
 
 
 async def connect_nats(settings: BrokerSettings, name: str, events: ConnectionLog) -> Client:

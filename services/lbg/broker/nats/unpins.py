@@ -35,3 +35,10 @@ class UnpinWatch:
 
             await self._nc.subscribe(unpinned_subject(stream), cb=wake)
         watched[consumer] = binding
+
+    def reconnected(self) -> None:
+        """The connection came back: every binding may have missed an advisory or lost its
+        waiting pull with the server's state."""
+        for watched in self._streams.values():
+            for binding in list(watched.values()):
+                binding.reconnected()

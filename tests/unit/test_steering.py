@@ -1,0 +1,88 @@
+"""What a coordinator's round reads of the client's bindings: what they hold, found without
+reading every binding each round, and the preferences it sets."""
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lbg.client.steering import BindingSteering, Holding
+
+
+@dataclass
+class FakeBinding:
+    """Only what steering reads and sets of a binding; counts the reads of `active`."""
+
+    is_active: bool = False
+    preferred: bool = False
+    reads: int = 0
+    told: int = 0
+
+    @property
+    def active(self) -> bool:
+        self.reads += 1
+        return self.is_active
+
+    @property
+    def pin(self) -> str | None:
+        return "pin" if self.is_active else None
+
+    @property
+    def waiting(self) -> bool:
+        return self.preferred and not self.is_active
+
+    def set_preferred(self, preferred: bool) -> None:
+        self.preferred = preferred
+        self.told += 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def steering(bindings: dict[int, FakeBinding], clock: Clock) -> BindingSteering:
+    return BindingSteering(cast(dict[int, Any], bindings), lambda q: None, clock)
+
+
+def test_a_round_reads_only_what_may_be_held_until_the_full_read_is_due() -> None:
+    clock = Clock()
+    bindings = {q: FakeBinding() for q in range(100)}
+    steer = steering(bindings, clock)
+    assert steer.holdings() == {}, "the first round reads everything: nothing held"
+    steer.prefer_only([3])
+    bindings[7].is_active = True  # nobody told: only the full read finds it
+    clock.now += 0.1
+    assert steer.holdings() == {3: Holding(False, None, True)}
+    assert bindings[50].reads == 1, "an idle binding was read again before the full read"
+    clock.now += BindingSteering.FULL_READ_SECONDS
+    assert steer.holdings() == {3: Holding(False, None, True), 7: Holding(True, "pin", False)}
+
+
+def test_a_binding_that_says_it_changed_is_read_at_the_next_round() -> None:
+    clock = Clock()
+    bindings = {q: FakeBinding() for q in range(10)}
+    steer = steering(bindings, clock)
+    steer.holdings()
+    bindings[4].is_active = True
+    steer.changed(4)
+    clock.now += 0.1
+    assert steer.holdings() == {4: Holding(True, "pin", False)}
+    bindings[4].is_active = False  # what was held is read again until it holds nothing
+    clock.now += 0.1
+    assert steer.holdings() == {}
+
+
+def test_preferences_are_told_once_and_again_to_a_new_binding_of_the_queue() -> None:
+    clock = Clock()
+    bindings = {q: FakeBinding() for q in range(4)}
+    steer = steering(bindings, clock)
+    steer.prefer_only([1, 2])
+    steer.prefer_only([1, 2])
+    assert [b.told for b in bindings.values()] == [0, 1, 1, 0]
+    steer.prefer_only([2])
+    assert not bindings[1].preferred and bindings[2].preferred
+    bindings[2] = FakeBinding()  # the queue was retired and bound again (a resize)
+    steer.prefer_only([2])
+    assert bindings[2].preferred
