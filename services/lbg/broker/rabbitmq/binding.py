@@ -146,6 +146,7 @@ class RabbitQueueBinding(LoopBinding):
         if stint is not None and not stint.channel.is_closed:
             with contextlib.suppress(Exception):
                 await stint.channel.close()
+            log.debug("queue %d: left the line (channel closed)", self.queue)
 
     async def _failed(self, exc: Exception) -> float:
         log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
@@ -239,6 +240,7 @@ class RabbitQueueBinding(LoopBinding):
         if self._stint is not stint or self._epoch != epoch:
             return
         stint.owner_epoch = owner_epoch
+        log.debug("queue %d: epoch %d claimed, %d held", self.queue, owner_epoch, len(stint.held))
         self._hand_out(stint.held, owner_epoch)
 
 
