@@ -30,7 +30,11 @@ from lbg.broker.base import Delivery, LoopBinding, StateListener
 
 log = logging.getLogger(__name__)
 
-PREFETCH = 200
+# Unacked deliveries per queue: enough for the queue's keys to run side by side (each key's
+# events one after another, each waiting for its record's confirm), and no more, since every
+# handover returns them to the broker and the next owner gets them again in one burst (at 200
+# that burst delayed the new owner's epoch claim and heartbeats by tenths of a second).
+PREFETCH = 32
 # A coordinated standby that is not preferred counts the queue's consumers this seldom (not
 # every poll): its coordinator makes another member preferred when one goes (at QC 256 x 8
 # the counts were thousands of queue declarations a second).
