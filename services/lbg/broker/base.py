@@ -439,6 +439,10 @@ class Broker(abc.ABC):
     # opens a connection per queue; more where a bind is a broker round trip on one
     # connection (a NATS client of QC 1024 took 20 s to bind its queues one by one).
     bind_concurrency: ClassVar[int] = 1
+    # True where the broker itself gives a queue to the next consumer waiting in its line the
+    # moment the owner's connection drops (RabbitMQ's single active consumer): a dynamic member
+    # then keeps the queue's standby in line, and a crash needs no lease to lapse.
+    line_takes_over: ClassVar[bool] = False
     # What separates the levels of an event's topic (`<HP>.<bucket>.<key>` on NATS).
     topic_separator: ClassVar[str] = "."
     # Where a broker whose users cg-admin does not manage keeps them (grant_publisher says so).

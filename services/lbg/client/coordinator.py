@@ -47,7 +47,7 @@ from lbg.model.control import (
 )
 from lbg.model.lease import LeaseTerms, OwnLease
 from lbg.model.messages import MalformedMessage
-from lbg.model.overrides import OverrideBook, assign_with_overrides
+from lbg.model.overrides import OverrideBook, assign_with_overrides, standby_assignment
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Coordinator:
         queue_count: int | None = None,
         generation: int = 0,
         on_newer_generation: Callable[[int], None] | None = None,
+        standbys: bool = False,
     ) -> None:
         self._broker = broker
         self._group = group
@@ -90,6 +91,8 @@ class Coordinator:
         self._lapse_told = False
         self.state = MemberState.ACTIVE
         self.desired: dict[int, str] = {}
+        self._with_standbys = standbys
+        self.standbys: dict[int, str] = {}
         self._gone_pins: dict[str, float] = {}
         self._gone_queues: dict[int, float] = {}
         self._looked: dict[int, float] = {}
@@ -337,18 +340,24 @@ class Coordinator:
         inputs = (self.queue_count, members, self._current(), pinned)
         if inputs != self._assigned:  # the same inputs give the same assignment: skip it
             self.desired = assign_with_overrides(*inputs)
+            self.standbys = standby_assignment(*inputs) if self._with_standbys else {}
             self._assigned = inputs
         for queue, holding in self._steering.holdings().items():
             owner = self.desired.get(queue)
-            self._steering.prefer(queue, owner == self.member)
+            self._steering.prefer(queue, self.member in (owner, self.standbys.get(queue)))
             if holding.active and owner != self.member and self._ready(owner, queue):
                 self._steering.release(queue)
 
     def _ready(self, member: str | None, queue: int) -> bool:
-        """The new owner stands ready for the queue (a release now pauses it only briefly)."""
+        """The new owner stands ready for the queue (a release now pauses it only briefly)
+        and, where the broker gives it to whoever waits first, nobody else waits for it."""
         heartbeat = self.view.heartbeat_of(member) if member else None
         if heartbeat is None:
             return self.state is MemberState.LEAVING
+        if self._with_standbys and any(
+            queue in other.wants for other in self.view.heartbeats() if other is not heartbeat
+        ):
+            return False
         return queue in heartbeat.wants
 
     async def _evict_gone_owners(self) -> None:

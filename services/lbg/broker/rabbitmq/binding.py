@@ -8,7 +8,9 @@ consumer in line. So release, fence and stand-back all close the channel.
 
 Steering: a preferred binding registers at once; the others register only while the queue
 has no consumer at all, and step out of the line again while someone else is there, so a
-released queue goes to its preferred client.
+released queue goes to its preferred client. A dynamic member keeps each queue's next owner
+preferred (its standby, who gets the queue the moment its owner's connection drops) and
+steps out of the line as soon as its coordinator prefers someone else.
 
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
@@ -53,6 +55,8 @@ class _Stint:
     channel: AbstractChannel
     tag: str
     since: float
+    # In line because its coordinator made it preferred (not only because nobody was there).
+    steered: bool = False
     owner_epoch: int | None = None
     held: list[Delivery] = field(default_factory=list)
     claiming: asyncio.Task[None] | None = None
@@ -102,7 +106,20 @@ class RabbitQueueBinding(LoopBinding):
 
     @property
     def waiting(self) -> bool:
-        return self._preferred and self._stint is not None and not self._active
+        """Preferred and in the queue's line, or steered out of it and not yet gone: either
+        way the broker may hand it the queue next."""
+        stint = self._stint
+        return (
+            stint is not None
+            and bool(stint.tag)
+            and not self._active
+            and (self._preferred or stint.steered)
+        )
+
+    def set_preferred(self, preferred: bool) -> None:
+        if preferred and self._coordinated and self._stint is not None:
+            self._stint.steered = True
+        super().set_preferred(preferred)
 
     def set_coordinated(self) -> None:
         self._coordinated = True
@@ -178,11 +195,19 @@ class RabbitQueueBinding(LoopBinding):
             self._exclusive
             and not self._preferred
             and not self._active
-            and time.monotonic() - stint.since > self._poll
-            and await self._consumers() > 1
+            and await self._crowded(stint)
         ):
             await self._leave_line()
         return self._poll
+
+    async def _crowded(self, stint: _Stint) -> bool:
+        """Whether a standby no longer preferred should step out of the line: at once if its
+        coordinator put it there (it has made someone else preferred), else once another
+        consumer is there. (Left to the count, a standby steered out stayed in line behind
+        the queue's owner: the count never came above 1.)"""
+        if stint.steered:
+            return True
+        return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
     async def _consumers(self) -> int:
         return await self._count_consumers(self._name)
@@ -200,7 +225,8 @@ class RabbitQueueBinding(LoopBinding):
         channel = await self._open_channel()
         await channel.set_qos(prefetch_count=PREFETCH)
         self._stints += 1
-        stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
+        tag = f"{self._tag_prefix}.{self._stints}"
+        stint = _Stint(channel, tag, time.monotonic(), self._coordinated and self._preferred)
         queue = await channel.get_queue(self._name, ensure=False)
         self._stint = stint
         epoch = self._epoch
