@@ -31,6 +31,7 @@ class FakeSteering:
         self.active = active
         self.preferred: set[int] = set()
         self.released: list[int] = []
+        self.stepped_out: set[int] = set()
 
     def holdings(self) -> dict[int, Holding]:
         return {q: Holding(q in self.active, f"me/{q}", False) for q in (0, 1)}
@@ -40,6 +41,9 @@ class FakeSteering:
 
     def release(self, queue: int) -> None:
         self.released.append(queue)
+
+    def step_out(self, queue: int) -> None:
+        self.stepped_out.add(queue)
 
     def fence_all(self, reason: str) -> None:
         self.active.clear()
@@ -86,6 +90,24 @@ def test_a_member_waits_in_line_for_the_queue_it_would_get_if_its_owner_went(
 
     asyncio.run(rounds())
     assert steering.preferred == preferred
+    assert steering.stepped_out == set(), "this member waits only for what it may get"
+
+
+def test_a_member_steps_out_of_a_held_queues_line_once_not_its_standby() -> None:
+    clock = Clock()
+    steering = FakeSteering({1})
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, True, clock)
+        await beat(admin, coordinator, clock, "a", {0: "a/0"})
+        assert coordinator.standbys == {0: "me", 1: "a"}
+        assert steering.stepped_out == set()
+        await beat(admin, coordinator, clock, "b", {})  # b holds nothing: the next in line
+        assert coordinator.standbys == {0: "b", 1: "b"}
+
+    asyncio.run(rounds())
+    assert steering.preferred == {1}
+    assert steering.stepped_out == {0}
 
 
 def test_a_handover_waits_until_nobody_but_the_new_owner_waits_for_the_queue() -> None:

@@ -1,7 +1,7 @@
 """A RabbitMQ standby that is not preferred counts the queue's consumers every poll, unless a
 coordinator keeps some member preferred (dynamic membership): then it leaves the queue to it
 and asks only every COORDINATED_LOOK_SECONDS (issue 25); one its coordinator steered into
-the line steps out as soon as someone else is preferred (issue 19)."""
+the line steps out when its coordinator says so (issue 19)."""
 
 import asyncio
 
@@ -64,7 +64,7 @@ class FakeChannel:
         self.is_closed = True
 
 
-def test_a_coordinated_standby_steps_out_of_the_line_once_someone_else_is_preferred() -> None:
+def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
     channels: list[FakeChannel] = []
 
     async def open_channel() -> FakeChannel:
@@ -72,7 +72,7 @@ def test_a_coordinated_standby_steps_out_of_the_line_once_someone_else_is_prefer
         return channels[-1]
 
     async def count_consumers(_queue: str) -> int:
-        return 1  # what the owner's queue said while a steered standby waited behind it
+        return 1  # what the owner's queue said while a standby waited behind it
 
     async def steps() -> None:
         binding = RabbitQueueBinding(
@@ -84,7 +84,10 @@ def test_a_coordinated_standby_steps_out_of_the_line_once_someone_else_is_prefer
         await asyncio.sleep(5 * POLL)
         assert binding.waiting and len(channels) == 1, "a preferred standby waits in line"
         binding.set_preferred(False)
-        assert binding.waiting, "it still counts as waiting until it has left the line"
+        await asyncio.sleep(5 * POLL)
+        assert not channels[0].is_closed, "left to the count, it would stay in line"
+        binding.step_out()
+        assert binding.waiting, "it counts as waiting until it has left the line"
         await asyncio.sleep(5 * POLL)
         assert channels[0].is_closed and not binding.waiting, "it left the line"
         assert len(channels) == 1, "and stays out"

@@ -217,6 +217,12 @@ class QueueBinding(abc.ABC):
     def set_preferred(self, preferred: bool) -> None:
         """Whether a released queue should go to this binding rather than another standby."""
 
+    def step_out(self) -> None:
+        """Someone else holds the queue and another member stands next in its line: a standby
+        not preferred leaves the line now (where the broker gives a queue to whoever waits
+        first). By default nothing: a standby that is not preferred does not wait."""
+        return None
+
     def set_coordinated(self) -> None:
         """A coordinator keeps some live member preferred for every queue (dynamic
         membership): a standby that is not preferred may leave ownerless queues to it rather

@@ -342,9 +342,15 @@ class Coordinator:
             self.desired = assign_with_overrides(*inputs)
             self.standbys = standby_assignment(*inputs) if self._with_standbys else {}
             self._assigned = inputs
+        current = inputs[2]
         for queue, holding in self._steering.holdings().items():
             owner = self.desired.get(queue)
-            self._steering.prefer(queue, self.member in (owner, self.standbys.get(queue)))
+            wanted = self.member in (owner, self.standbys.get(queue))
+            self._steering.prefer(queue, wanted)
+            if self._with_standbys and not wanted and current.get(queue) not in (None, self.member):
+                # Its line must hold only its standby or next owner (see _ready); an idle
+                # queue's line is left alone, so views settling at a mass start churn nothing.
+                self._steering.step_out(queue)
             if holding.active and owner != self.member and self._ready(owner, queue):
                 self._steering.release(queue)
 

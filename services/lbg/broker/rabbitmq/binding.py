@@ -9,8 +9,8 @@ consumer in line. So release, fence and stand-back all close the channel.
 Steering: a preferred binding registers at once; the others register only while the queue
 has no consumer at all, and step out of the line again while someone else is there, so a
 released queue goes to its preferred client. A dynamic member keeps each queue's next owner
-preferred (its standby, who gets the queue the moment its owner's connection drops) and
-steps out of the line as soon as its coordinator prefers someone else.
+preferred (its standby, who gets the queue the moment its owner's connection drops); one no
+longer preferred steps out of a held queue's line when its coordinator says so (step_out).
 
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
@@ -55,8 +55,8 @@ class _Stint:
     channel: AbstractChannel
     tag: str
     since: float
-    # In line because its coordinator made it preferred (not only because nobody was there).
-    steered: bool = False
+    # Told to leave the line (step_out), and not gone yet.
+    leaving: bool = False
     owner_epoch: int | None = None
     held: list[Delivery] = field(default_factory=list)
     claiming: asyncio.Task[None] | None = None
@@ -106,20 +106,21 @@ class RabbitQueueBinding(LoopBinding):
 
     @property
     def waiting(self) -> bool:
-        """Preferred and in the queue's line, or steered out of it and not yet gone: either
-        way the broker may hand it the queue next."""
+        """Preferred and in the queue's line, or told to step out of it and not gone yet:
+        either way the broker may hand it the queue next."""
         stint = self._stint
         return (
             stint is not None
             and bool(stint.tag)
             and not self._active
-            and (self._preferred or stint.steered)
+            and (self._preferred or stint.leaving)
         )
 
-    def set_preferred(self, preferred: bool) -> None:
-        if preferred and self._coordinated and self._stint is not None:
-            self._stint.steered = True
-        super().set_preferred(preferred)
+    def step_out(self) -> None:
+        stint = self._stint
+        if stint is not None and not self._preferred and not self._active:
+            stint.leaving = True
+            self._wake.set()
 
     def set_coordinated(self) -> None:
         self._coordinated = True
@@ -202,10 +203,9 @@ class RabbitQueueBinding(LoopBinding):
 
     async def _crowded(self, stint: _Stint) -> bool:
         """Whether a standby no longer preferred should step out of the line: at once if its
-        coordinator put it there (it has made someone else preferred), else once another
-        consumer is there. (Left to the count, a standby steered out stayed in line behind
-        the queue's owner: the count never came above 1.)"""
-        if stint.steered:
+        coordinator says so, else once another consumer is there. (Left to the count, a
+        standby stayed in line behind the queue's owner: the count never came above 1.)"""
+        if stint.leaving:
             return True
         return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
@@ -225,8 +225,7 @@ class RabbitQueueBinding(LoopBinding):
         channel = await self._open_channel()
         await channel.set_qos(prefetch_count=PREFETCH)
         self._stints += 1
-        tag = f"{self._tag_prefix}.{self._stints}"
-        stint = _Stint(channel, tag, time.monotonic(), self._coordinated and self._preferred)
+        stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
         queue = await channel.get_queue(self._name, ensure=False)
         self._stint = stint
         epoch = self._epoch
