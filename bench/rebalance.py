@@ -550,6 +550,8 @@ def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
                     "new": change.new,
                     "cause": cause.kind if cause else "start",
                     "pause_s": round(change.new_at - change.old_at, 3),
+                    "old_last_at": round(change.old_at, 3),
+                    "new_first_at": round(change.new_at, 3),
                 }
             )
 

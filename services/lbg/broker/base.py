@@ -224,6 +224,12 @@ class QueueBinding(abc.ABC):
     def set_preferred(self, preferred: bool) -> None:
         """Whether a released queue should go to this binding rather than another standby."""
 
+    def step_out(self) -> None:
+        """Someone else holds the queue and another member stands next in its line: a standby
+        not preferred leaves the line now (where the broker gives a queue to whoever waits
+        first). By default nothing: a standby that is not preferred does not wait."""
+        return None
+
     def set_coordinated(self) -> None:
         """A coordinator keeps some live member preferred for every queue (dynamic
         membership): a standby that is not preferred may leave ownerless queues to it rather
@@ -446,6 +452,10 @@ class Broker(abc.ABC):
     # opens a connection per queue; more where a bind is a broker round trip on one
     # connection (a NATS client of QC 1024 took 20 s to bind its queues one by one).
     bind_concurrency: ClassVar[int] = 1
+    # True where the broker itself gives a queue to the next consumer waiting in its line the
+    # moment the owner's connection drops (RabbitMQ's single active consumer): a dynamic member
+    # then keeps the queue's standby in line, and a crash needs no lease to lapse.
+    line_takes_over: ClassVar[bool] = False
     # What separates the levels of an event's topic (`<HP>.<bucket>.<key>` on NATS).
     topic_separator: ClassVar[str] = "."
     # Where a broker whose users cg-admin does not manage keeps them (grant_publisher says so).

@@ -280,6 +280,7 @@ class LbgClient:
                 log.info("%s (%d events left to the next owner)", handing, left)
                 started = time.monotonic()
                 await lanes.drain()
+                log.debug("queue %d: in-flight work done", binding.queue)
                 self._parking.forget_unstarted_replays(self._queue_of, binding.queue)
                 await self._announce(binding, lanes, active=False)
                 await binding.release(STANDBY_DELAY)
@@ -302,6 +303,7 @@ class LbgClient:
             if binding.queue not in self._checked:
                 if not await self._read_parked_keys(binding, delivery):
                     continue
+                log.debug("queue %d: parked keys read", binding.queue)
                 await self._start_replays(binding, lanes)
             try:
                 address = self._broker.event_address(delivery.subject)

@@ -185,6 +185,7 @@ class DynamicCoordinator:
             queue_count=queue_count,
             generation=generation,
             on_newer_generation=seat.on_newer_generation,
+            standbys=seat.broker.line_takes_over,
         )
 
     def prefers(self, queue: int) -> bool:

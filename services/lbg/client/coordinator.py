@@ -47,7 +47,7 @@ from lbg.model.control import (
 )
 from lbg.model.lease import LeaseTerms, OwnLease
 from lbg.model.messages import MalformedMessage
-from lbg.model.overrides import OverrideBook, assign_with_overrides
+from lbg.model.overrides import OverrideBook, assign_with_overrides, standby_assignment
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Coordinator:
         margin: float = 0.15,
         generation: int = 0,
         on_newer_generation: Callable[[int], None] | None = None,
+        standbys: bool = False,
     ) -> None:
         self._broker = broker
         self._group = group
@@ -91,11 +92,14 @@ class Coordinator:
         self._lapse_told = False
         self.state = MemberState.ACTIVE
         self.desired: dict[int, str] = {}
+        self._with_standbys = standbys
+        self.standbys: dict[int, str] = {}
         self._gone_pins: dict[str, float] = {}
         self._gone_queues: dict[int, float] = {}
         self._looked: dict[int, float] = {}
         self._assigned: tuple[object, ...] | None = None
-        self._mine: tuple[int, ...] = ()
+        self._mine: tuple[int, ...] = ()  # the queues assigned here
+        self._wanted: tuple[int, ...] = ()  # and those this member stands by for
         self._unknown: dict[int, tuple[str, float]] = {}
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
@@ -338,23 +342,40 @@ class Coordinator:
         inputs = (self.queue_count, members, self._current(held), pinned)
         if inputs != self._assigned:  # the same inputs give the same assignment: skip it
             self.desired = assign_with_overrides(*inputs)
+            self.standbys = standby_assignment(*inputs) if self._with_standbys else {}
             self._assigned = inputs
             mine = tuple(sorted(q for q, m in self.desired.items() if m == self.member))
             for queue in set(mine).difference(self._mine):
                 self._looked.pop(queue, None)  # new here: ask who holds it at once
             self._mine = mine
-        told = self._steering.prefer_only(self._mine)
+            standing = (q for q, m in self.standbys.items() if m == self.member)
+            self._wanted = tuple(sorted({*mine, *standing}))
+        told = self._steering.prefer_only(self._wanted)
+        current = inputs[2]
         for queue, holding in held.items():
             owner = self.desired.get(queue)
+            if (
+                self._with_standbys
+                and queue not in self._wanted
+                and current.get(queue) not in (None, self.member)
+            ):
+                # Its line must hold only its standby or next owner (see _ready); an idle
+                # queue's line is left alone, so views settling at a mass start churn nothing.
+                self._steering.step_out(queue)
             if holding.active and owner != self.member and self._ready(owner, queue):
                 self._steering.release(queue)
         return self._steering.holdings() if told else held
 
     def _ready(self, member: str | None, queue: int) -> bool:
-        """The new owner stands ready for the queue (a release now pauses it only briefly)."""
+        """The new owner stands ready for the queue (a release now pauses it only briefly)
+        and, where the broker gives it to whoever waits first, nobody else waits for it."""
         heartbeat = self.view.heartbeat_of(member) if member else None
         if heartbeat is None:
             return self.state is MemberState.LEAVING
+        if self._with_standbys and any(
+            queue in other.wants for other in self.view.heartbeats() if other is not heartbeat
+        ):
+            return False
         return queue in heartbeat.wants
 
     async def _evict_gone_owners(self, held: dict[int, Holding]) -> None:

@@ -50,6 +50,10 @@ class MembershipView:
             m for m, seen in self._seen.items() if seen.heartbeat.state is MemberState.ACTIVE
         )
 
+    def heartbeats(self) -> list[Heartbeat]:
+        """The latest heartbeat of every member whose lease is current."""
+        return [seen.heartbeat for seen in self._seen.values()]
+
     def heartbeat_of(self, member: str) -> Heartbeat | None:
         seen = self._seen.get(member)
         return seen.heartbeat if seen else None

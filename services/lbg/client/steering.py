@@ -47,6 +47,10 @@ class Steering(Protocol):
         """Hand `queue` over after finishing its in-flight work (a planned handover)."""
         ...
 
+    def step_out(self, queue: int) -> None:
+        """Leave `queue`'s line if only waiting in it, not preferred (someone else holds it)."""
+        ...
+
     def fence_all(self, reason: str) -> None:
         """Stop processing every queue now (the member's lease lapsed)."""
         ...
@@ -123,6 +127,10 @@ class BindingSteering:
 
     def release(self, queue: int) -> None:
         self._request_release(queue)
+
+    def step_out(self, queue: int) -> None:
+        if (binding := self._bindings.get(queue)) is not None:
+            binding.step_out()
 
     def fence_all(self, reason: str) -> None:
         for binding in list(self._bindings.values()):

@@ -150,3 +150,29 @@ def assign_with_overrides(
             result[queue] = member
             load[member] += 1
     return result
+
+
+def standby_assignment(
+    queue_count: int,
+    members: Iterable[str],
+    current: Mapping[int, str],
+    overrides: Mapping[int, str],
+) -> dict[int, str]:
+    """For each queue its owner in `assign_with_overrides` holds now, the member that would
+    get it if that owner went: its owner in the assignment without that member.
+
+    A queue on the move (its assigned owner does not hold it yet) gets none, so that its line
+    holds only the member it moves to. Deterministic, like the assignment.
+    """
+    people = sorted(set(members))
+    assigned = assign_with_overrides(queue_count, people, current, overrides)
+    held: dict[str, list[int]] = {}
+    for queue, owner in assigned.items():
+        if current.get(queue) == owner:
+            held.setdefault(owner, []).append(queue)
+    standbys: dict[int, str] = {}
+    for owner, queues in held.items():
+        others = [m for m in people if m != owner]
+        without = assign_with_overrides(queue_count, others, current, overrides)
+        standbys.update((q, without[q]) for q in queues if q in without)
+    return standbys

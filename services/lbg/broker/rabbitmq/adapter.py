@@ -82,6 +82,8 @@ def amqp_url(settings: BrokerSettings) -> URL:
 class RabbitBroker(RabbitProvisioning, Broker):
     """The broker interface on one RabbitMQ node or cluster (AMQP 0-9-1 with aio-pika)."""
 
+    line_takes_over = True
+
     def __init__(self, settings: BrokerSettings, name: str) -> None:
         self._url = amqp_url(settings)
         self._name = name

@@ -8,7 +8,9 @@ consumer in line. So release, fence and stand-back all close the channel.
 
 Steering: a preferred binding registers at once; the others register only while the queue
 has no consumer at all, and step out of the line again while someone else is there, so a
-released queue goes to its preferred client.
+released queue goes to its preferred client. A dynamic member keeps each queue's next owner
+preferred (its standby, who gets the queue the moment its owner's connection drops); one no
+longer preferred steps out of a held queue's line when its coordinator says so (step_out).
 
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
@@ -30,7 +32,11 @@ from lbg.broker.base import Delivery, LoopBinding, StateListener
 
 log = logging.getLogger(__name__)
 
-PREFETCH = 200
+# Unacked deliveries per queue: enough for the queue's keys to run side by side (each key's
+# events one after another, each waiting for its record's confirm), and no more, since every
+# handover returns them to the broker and the next owner gets them again in one burst (at 200
+# that burst delayed the new owner's epoch claim and heartbeats by tenths of a second).
+PREFETCH = 32
 # A coordinated standby that is not preferred counts the queue's consumers this seldom (not
 # every poll): its coordinator makes another member preferred when one goes (at QC 256 x 8
 # the counts were thousands of queue declarations a second).
@@ -49,6 +55,8 @@ class _Stint:
     channel: AbstractChannel
     tag: str
     since: float
+    # Told to leave the line (step_out), and not gone yet.
+    leaving: bool = False
     owner_epoch: int | None = None
     held: list[Delivery] = field(default_factory=list)
     claiming: asyncio.Task[None] | None = None
@@ -98,7 +106,21 @@ class RabbitQueueBinding(LoopBinding):
 
     @property
     def waiting(self) -> bool:
-        return self._preferred and self._stint is not None and not self._active
+        """Preferred and in the queue's line, or told to step out of it and not gone yet:
+        either way the broker may hand it the queue next."""
+        stint = self._stint
+        return (
+            stint is not None
+            and bool(stint.tag)
+            and not self._active
+            and (self._preferred or stint.leaving)
+        )
+
+    def step_out(self) -> None:
+        stint = self._stint
+        if stint is not None and not self._preferred and not self._active:
+            stint.leaving = True
+            self._wake.set()
 
     def set_coordinated(self) -> None:
         self._coordinated = True
@@ -146,6 +168,7 @@ class RabbitQueueBinding(LoopBinding):
         if stint is not None and not stint.channel.is_closed:
             with contextlib.suppress(Exception):
                 await stint.channel.close()
+            log.debug("queue %d: left the line (channel closed)", self.queue)
 
     async def _failed(self, exc: Exception) -> float:
         log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
@@ -173,11 +196,18 @@ class RabbitQueueBinding(LoopBinding):
             self._exclusive
             and not self._preferred
             and not self._active
-            and time.monotonic() - stint.since > self._poll
-            and await self._consumers() > 1
+            and await self._crowded(stint)
         ):
             await self._leave_line()
         return self._poll
+
+    async def _crowded(self, stint: _Stint) -> bool:
+        """Whether a standby no longer preferred should step out of the line: at once if its
+        coordinator says so, else once another consumer is there. (Left to the count, a
+        standby stayed in line behind the queue's owner: the count never came above 1.)"""
+        if stint.leaving:
+            return True
+        return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
     async def _consumers(self) -> int:
         return await self._count_consumers(self._name)
@@ -239,6 +269,7 @@ class RabbitQueueBinding(LoopBinding):
         if self._stint is not stint or self._epoch != epoch:
             return
         stint.owner_epoch = owner_epoch
+        log.debug("queue %d: epoch %d claimed, %d held", self.queue, owner_epoch, len(stint.held))
         self._hand_out(stint.held, owner_epoch)
 
 

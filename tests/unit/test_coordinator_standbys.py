@@ -1,0 +1,134 @@
+"""Standbys in line (brokers whose line takes a crashed owner's queue over by itself): each
+queue's standby waits for it, and a planned handover waits until only the new owner does."""
+
+import asyncio
+
+import pytest
+
+from lbg.broker import connect_broker
+from lbg.broker.memory import reset_memory_brokers
+from lbg.client.coordinator import Coordinator
+from lbg.client.steering import Holding
+from lbg.model.control import Heartbeat, MemberState
+from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
+
+URL = "memory://standbys"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSteering:
+    """Queues 0 and 1; what this member holds of each, and what it was told."""
+
+    def __init__(self, active: set[int]) -> None:
+        self.active = active
+        self.preferred: set[int] = set()
+        self.released: list[int] = []
+        self.stepped_out: set[int] = set()
+
+    def holdings(self) -> dict[int, Holding]:
+        return {q: Holding(q in self.active, f"me/{q}", False) for q in (0, 1)}
+
+    def changed(self, queue: int) -> None:
+        pass
+
+    def prefer_only(self, queues) -> bool:
+        changed = self.preferred != set(queues)
+        self.preferred = set(queues)
+        return changed
+
+    def release(self, queue: int) -> None:
+        self.released.append(queue)
+
+    def step_out(self, queue: int) -> None:
+        self.stepped_out.add(queue)
+
+    def fence_all(self, reason: str) -> None:
+        self.active.clear()
+
+    def suspend_all(self, suspended: bool, reason: str) -> None:
+        pass
+
+    async def pinned_by(self, queue: int) -> str | None:
+        return None
+
+    async def evict(self, queue: int, pin: str) -> bool:
+        return False
+
+
+async def setup(steering: FakeSteering, standbys: bool, clock: Clock) -> tuple:
+    reset_memory_brokers()
+    admin = await connect_broker(BrokerSettings(url=URL), "admin")
+    await admin.create_group("g", GroupConfig(hash_prefix="hp", hash_count=2, queue_count=2))
+    broker = await connect_broker(BrokerSettings(url=URL), "me")
+    coordinator = Coordinator(
+        broker, "g", "me", steering, interval=0.15, clock=clock, queue_count=2, standbys=standbys
+    )
+    await coordinator.join()
+    return admin, coordinator
+
+
+async def beat(admin, coordinator, clock, member: str, owns: dict, wants=frozenset()) -> None:
+    heartbeat = Heartbeat(member, MemberState.ACTIVE, owns, frozenset(wants))
+    await admin.publish_control("g", heartbeat.encode())
+    clock.now += 0.15
+    await coordinator.tick()
+
+
+@pytest.mark.parametrize(("standbys", "preferred"), [(True, {0, 1}), (False, {1})])
+def test_a_member_waits_in_line_for_the_queue_it_would_get_if_its_owner_went(
+    standbys: bool, preferred: set[int]
+) -> None:
+    clock = Clock()
+    steering = FakeSteering({1})
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, standbys, clock)
+        await beat(admin, coordinator, clock, "a", {0: "a/0"})
+
+    asyncio.run(rounds())
+    assert steering.preferred == preferred
+    assert steering.stepped_out == set(), "this member waits only for what it may get"
+
+
+def test_a_member_steps_out_of_a_held_queues_line_once_not_its_standby() -> None:
+    clock = Clock()
+    steering = FakeSteering({1})
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, True, clock)
+        await beat(admin, coordinator, clock, "a", {0: "a/0"})
+        assert coordinator.standbys == {0: "me", 1: "a"}
+        assert steering.stepped_out == set()
+        await beat(admin, coordinator, clock, "b", {})  # b holds nothing: the next in line
+        assert coordinator.standbys == {0: "b", 1: "b"}
+
+    asyncio.run(rounds())
+    assert steering.preferred == {1}
+    assert steering.stepped_out == {0}
+
+
+def test_a_handover_waits_until_nobody_but_the_new_owner_waits_for_the_queue() -> None:
+    clock = Clock()
+    steering = FakeSteering({0, 1})
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, True, clock)
+        # "b" joins and gets one queue; "c" still stands in its line from before.
+        await beat(admin, coordinator, clock, "b", {})
+        moving = next(q for q, owner in coordinator.desired.items() if owner == "b")
+        await beat(admin, coordinator, clock, "c", {}, {moving})
+        await beat(admin, coordinator, clock, "b", {}, {moving})
+        assert steering.released == [], "released while another member stood first in line"
+        await beat(admin, coordinator, clock, "c", {})
+        assert coordinator.desired[moving] == "b"
+        assert steering.released and set(steering.released) == {moving}
+
+    asyncio.run(rounds())
