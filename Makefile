@@ -115,7 +115,7 @@ dataset: $(STAMP)  ## the sample Black Friday order events as Parquet: make data
 	$(BIN)/lbg-dataset --output $(DATASET) --rows $(ROWS) $(ARGS)
 
 replay: $(STAMP)  ## Spark replay of the dataset into an embedded broker, clients and validator
-	@test -f $(DATASET) || $(MAKE) dataset
+	@test -f $(DATASET) || $(MAKE) dataset ARGS=
 	$(BIN)/python -m lbg.cli.replay_local $(DATASET) $(ARGS)
 
 spark-cluster: $(STAMP) $(JAVA)  ## a standalone Spark master and 2 workers on loopback (var/spark)
