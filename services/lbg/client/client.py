@@ -443,11 +443,10 @@ class LbgClient:
         it failed for good or hung too often, LOST if `still_ours` stopped holding first.
         A broker error out of the handler (its publish not confirmed while a stream leader is
         elected) is the broker's, not the event's: it is retried without using an attempt."""
-        attempt = waits = 0
-        while attempt <= self._retries:
+        attempt, waits = 1, 0
+        while True:
             if not still_ours():
                 return LOST
-            attempt += 1
             token = object()
             started = self._busy[token] = time.monotonic()
             watched = self._hangs.watch(event.key, self._park_after_stalls, started)
@@ -463,7 +462,6 @@ class LbgClient:
             except Exception as exc:
                 self.stats.handler_errors += 1
                 if broker_trouble(exc):
-                    attempt -= 1
                     waits += 1
                     log.warning(
                         "queue %d: the broker failed the handler on key %r seq %s (%r): retrying",
@@ -485,10 +483,10 @@ class LbgClient:
                     exc,
                 )
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+                attempt += 1
             finally:
                 del self._busy[token]
                 self._hangs.done(watched)
-        return None
 
     async def _park(
         self, binding: QueueBinding, delivery: Delivery, event: Event, reason: str, attempts: int
