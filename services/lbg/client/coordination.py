@@ -225,10 +225,14 @@ class DynamicCoordinator:
         return any(binding.active for binding in self._seat.bindings.values())
 
     async def _watch_for_stalls(self) -> None:
-        """A handler hung past the stall timeout makes this member give its queues up."""
+        """A handler hung past the stall timeout makes this member give its queues up. It
+        looks when the oldest call running could first pass the timeout (a call started
+        since is younger), and every heartbeat interval while stalled or about to be."""
+        interval = self.membership.interval
         while True:
-            await asyncio.sleep(self.membership.interval)
-            self.membership.set_stalled(self._seat.oldest_busy() > self._role.stall_timeout)
+            oldest = self._seat.oldest_busy()
+            self.membership.set_stalled(oldest > self._role.stall_timeout)
+            await asyncio.sleep(max(interval, self._role.stall_timeout - oldest))
 
     def adopt(self, generation: int, queue_count: int) -> None:
         self.membership.adopt(generation, queue_count)

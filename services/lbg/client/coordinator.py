@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
+from lbg.client.cadence import wait_next
 from lbg.client.membership import MembershipView
 from lbg.client.steering import Holding, Steering
 from lbg.model.control import (
@@ -134,10 +135,10 @@ class Coordinator:
         log.info("member %s joined; members %s", self.member, self._members())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Heartbeat and rebalance every interval (or at once when woken) until `stop` is set."""
+        """Heartbeat and rebalance every interval, in step with the other members (cadence.py),
+        or at once when woken, until `stop` is set."""
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+            await wait_next(self.interval, self._wake)
             self._wake.clear()
             if stop.is_set():
                 return
