@@ -3,7 +3,8 @@ non-preferred standby waits for the server's UNPINNED advisory instead of asking
 queue every second (a coordinated one asks only after an advisory), yet still takes over a
 silent owner's queue once its pin lapses, and a waiting preferred standby keeps one long pull
 open rather than one per third of a priority timeout, which it ends when it is demoted, and
-sends again as soon as its connection comes back from a server restart."""
+sends again as soon as its connection comes back from a server restart; and who holds an idle
+queue is known from the PINNED and UNPINNED advisories, not asked of the server."""
 
 import asyncio
 import time
@@ -137,6 +138,53 @@ async def waiting_queue(url: str) -> None:
 
 def test_a_waiting_standby_keeps_one_long_pull_and_ends_it_when_demoted(nats_url: str) -> None:
     asyncio.run(waiting_queue(nats_url))
+
+
+async def pins_heard(url: str) -> None:
+    group = f"pins{uuid.uuid4().hex[:6]}"
+    settings = BrokerSettings(url=url)
+    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
+    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
+    await admin.create_group(group, config)
+    sides = [await connect_broker(settings, n, PRIORITY_TIMEOUT) for n in ("owner", "other")]
+    monitor = await nats.connect(url)
+    looks: list[str] = []
+    api = f"{events_stream(group)}.{consumer_name(0)}"
+    await monitor.subscribe(f"$JS.API.CONSUMER.INFO.{api}", cb=_record(looks))
+    try:
+        owner = await sides[0].bind(group, config, 0, "owner", preferred=True)
+        other = await sides[1].bind(group, config, 0, "other", preferred=False)
+        other.set_coordinated()
+        await asyncio.sleep(0.2)
+        await monitor.flush()
+        looks.clear()
+        assert [await other.pinned_by() for _ in range(5)] == [None] * 5
+        await monitor.flush()
+        assert len(looks) == 1, f"asked {len(looks)} times who holds an idle queue, not once"
+
+        await HashedPublisher(admin, group, config, "pub").publish("k", b"{}")
+        assert await owner.ack(await asyncio.wait_for(owner.next(), 5))
+        await until(lambda: owner.pin is not None, 5, "the owner's pin")
+        await asyncio.sleep(0.1)  # the PINNED advisory
+        assert await other.pinned_by() == owner.pin, "a pinned queue is asked about"
+        await owner.close()  # it unpins: the UNPINNED advisory says the queue is free again
+        await asyncio.sleep(0.1)
+        await monitor.flush()
+        looks.clear()
+        assert await other.pinned_by() is None
+        await monitor.flush()
+        assert looks == [], "asked who holds a queue the server said it unpinned"
+        await other.close()
+    finally:
+        await monitor.close()
+        for broker in sides:
+            await broker.close()
+        await admin.delete_group(group)
+        await admin.close()
+
+
+def test_who_holds_an_idle_queue_is_known_from_the_advisories(nats_url: str) -> None:
+    asyncio.run(pins_heard(nats_url))
 
 
 async def waiting_through_a_restart(server: EmbeddedNats) -> None:

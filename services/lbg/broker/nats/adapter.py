@@ -67,7 +67,7 @@ from lbg.broker.nats.parking import (
 )
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.broker.nats.stints import GroupStints, StintBinding
-from lbg.broker.nats.unpins import UnpinWatch
+from lbg.broker.nats.unpins import PinWatch
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind, level_token
 from lbg.model.generations import Generation
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -157,7 +157,7 @@ class NatsBroker(Broker):
         self._streams = StreamPublisher(nc, PUBLISH_TIMEOUT)
         self._priority_timeout = priority_timeout
         self._kv: dict[str, KeyValue] = {}
-        self._unpins = UnpinWatch(nc)
+        self._unpins = PinWatch(nc, events.refusal)
         events.on_reconnect.append(self._unpins.reconnected)
         self._histories: dict[str, HistoryFeed] = {}
         self._histories_made = asyncio.Lock()

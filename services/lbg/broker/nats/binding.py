@@ -118,6 +118,12 @@ class NatsQueueBinding(LoopBinding):
         self._coordinated = False
         self._unpin_heard = False
         self._next_look = 0.0
+        # When the server was last known to hold no pin here (an answer or an UNPINNED
+        # advisory, with no PINNED advisory since); None: unknown or pinned. Kept only where
+        # this connection hears both advisories (`hear_pins`).
+        self._free_since: float | None = None
+        self._pins_heard = False
+        self._pinnings = 0  # PINNED advisories heard: an answer asked before one is stale
         self._start(f"pull-{consumer}")
 
     @property
@@ -136,9 +142,20 @@ class NatsQueueBinding(LoopBinding):
         """The connection came back: a waiting standby's long pull may have been lost with
         the server's state, and an advisory missed: it pulls and looks again now (an owner's
         pulls are short, and must not be cut: what they bring is the queue's order)."""
+        self._free_since = None  # an advisory may have been missed meanwhile
         if self.waiting:
             self._abort_pull()
             self.unpinned()
+
+    def hear_pins(self) -> None:
+        """This connection hears the consumer's PINNED and UNPINNED advisories from now on: a
+        queue the server last said has no pin is taken as free without asking (pinned_by)."""
+        self._pins_heard = True
+
+    def pinned(self) -> None:
+        """The server gave the queue's pin to someone: the next pinned_by asks who."""
+        self._pinnings += 1
+        self._free_since = None
 
     def unpinned(self) -> None:
         """The server says the queue lost its pin: a standby in the background looks now, a
@@ -146,6 +163,8 @@ class NatsQueueBinding(LoopBinding):
         pull stays open, else with its next pull)."""
         self._looked = -math.inf
         self._unpin_heard = True
+        if self._pins_heard:
+            self._free_since = time.monotonic()
         self._wake.set()
         if self.waiting and not self._pull.done.is_set():
             looker = asyncio.create_task(self._look_now())
@@ -181,7 +200,21 @@ class NatsQueueBinding(LoopBinding):
         return True
 
     async def pinned_by(self) -> str | None:
-        """The pin id the broker holds for this queue now, whoever owns it."""
+        """The pin id the broker holds for this queue now, whoever owns it. None without asking
+        while the advisories say the queue has no pin (an idle member's coordinator asks about
+        every queue it waits for), unless that was last checked as long ago as a waiting
+        standby goes without looking by itself (an advisory may be lost)."""
+        since = self._free_since
+        if since is not None and time.monotonic() - since < self._advised_look():
+            return None
+        pinnings, asked = self._pinnings, time.monotonic()
+        pin = await self._ask_pin()
+        if self._pins_heard and pin is None and pinnings == self._pinnings:
+            self._free_since = asked
+        return pin
+
+    async def _ask_pin(self) -> str | None:
+        """The pin id the broker holds for this queue now, asked of it."""
         info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
         pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
         return next((p for p in pins if p), None)
@@ -253,7 +286,7 @@ class NatsQueueBinding(LoopBinding):
 
     async def _unpin_while_held(self, pin: str | None) -> bool:
         """UNPIN only while the broker still holds `pin`, so a newer owner is never unseated."""
-        if pin is None or await self.pinned_by() != pin:
+        if pin is None or await self._ask_pin() != pin:
             return False
         await jsapi.unpin(self._nc, self._stream, self._consumer, PRIORITY_GROUP)
         return True

@@ -29,7 +29,7 @@ from lbg.broker.nats.adapter import CONFIG_BUCKET, CONTROL_PREFIX, OWNERS_BUCKET
 from lbg.broker.nats.connection import SUBJECT_TOKEN, inbox_prefix
 from lbg.broker.nats.generations import history_key, marker_subject
 from lbg.broker.nats.parking import LOT_PREFIX, lot_stream, registry_bucket
-from lbg.broker.nats.unpins import unpinned_subject
+from lbg.broker.nats.unpins import pinned_subject, unpinned_subject
 from lbg.model.destinations import SYSTEM_PREFIX, OutputKind
 
 ADMIN_USER = "lbg-admin"
@@ -86,7 +86,7 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
         *parking_subjects(group),
         control,
     ]
-    subscribe = [replies(user), control, unpinned_subject(stream)]
+    subscribe = [replies(user), control, unpinned_subject(stream), pinned_subject(stream)]
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 
