@@ -41,7 +41,7 @@ from lbg.model.control import (
     Probe,
     Resized,
     Sync,
-    decode_control,
+    decode_message,
     encode_gossip,
     encode_sync,
     queues_digest,
@@ -234,13 +234,12 @@ class Coordinator:
 
     def _receive(self, body: bytes) -> None:
         try:
-            control = decode_control(body)
-            if control is not None:
-                self._on_control(control)
-                return
-            heartbeat = Heartbeat.decode(body)
+            heartbeat = decode_message(body)
         except MalformedMessage as exc:
             log.warning("ignored a control message: %s", exc)
+            return
+        if not isinstance(heartbeat, Heartbeat):
+            self._on_control(heartbeat)
             return
         if heartbeat.member == self.member:
             if self.own_lease.echoed(heartbeat.beat):
@@ -413,6 +412,8 @@ class Coordinator:
                 or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * self.lease
             )
         ]
+        if not due and not self._unknown:
+            return
         self._looked.update(dict.fromkeys(due, now))
         pins = await asyncio.gather(*(self._steering.pinned_by(queue) for queue in due))
         unknown: dict[int, tuple[str, float]] = {}

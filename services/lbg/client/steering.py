@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from lbg.broker.base import QueueBinding
 
 
-@dataclass(frozen=True)
-class Holding:
-    """What this member holds of one queue: active (with the broker's pin), or waiting for it."""
+class Holding(NamedTuple):
+    """What this member holds of one queue: active (with the broker's pin), or waiting for it.
+    A tuple: every round makes one per queue held (a frozen dataclass costs several times more)."""
 
     active: bool
     pin: str | None
@@ -111,8 +110,8 @@ class BindingSteering:
         self._watched.add(queue)
 
     def prefer_only(self, queues: Collection[int]) -> bool:
-        told, changed = self._preferred, False
-        for queue in [q for q in told if q not in queues]:
+        told, changed, wanted = self._preferred, False, set(queues)
+        for queue in [q for q in told if q not in wanted]:
             binding = told.pop(queue)
             if self._bindings.get(queue) is binding:
                 binding.set_preferred(False)

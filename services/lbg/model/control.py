@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import orjson
 
@@ -111,20 +112,30 @@ class Heartbeat:
     def decode(cls, body: bytes) -> Heartbeat:
         """Parse a heartbeat, raising MalformedMessage if it is not one."""
         try:
-            obj = orjson.loads(body)
+            return cls._parsed(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
+
+    @classmethod
+    def _parsed(cls, obj: Any) -> Heartbeat:
+        """A heartbeat from its parsed JSON, raising MalformedMessage if it is not one."""
+        try:
             full = "d" not in obj or "o" in obj  # a sender without digests always says all
             return cls(
                 member=str(obj["m"]),
-                state=MemberState(obj["st"]),
+                state=_STATES[obj["st"]],
                 owns={int(q): str(pin) for q, pin in obj.get("o", {}).items()},
-                wants=frozenset(int(q) for q in obj.get("w", [])),
+                wants=frozenset(int(q) for q in obj.get("w", ())),
                 generation=parse_generation(obj.get("g", 0)),
                 beat=int(obj.get("n", 0)),
                 digest=int(obj.get("d", 0)),
                 full=full,
             )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
+
+
+_STATES = {state.value: state for state in MemberState}  # the enum's call is several times slower
 
 
 def queues_digest(owns: Mapping[int, str], wants: frozenset[int]) -> int:
@@ -236,6 +247,17 @@ def _override(queue: object, entry: object) -> Override:
     return Override(number, to, _version(number, entry.get("at")))
 
 
+def decode_message(body: bytes) -> ControlMessage | Heartbeat:
+    """Parse anything heard on the control channel, once (every member hears every other's
+    heartbeat several times a second); MalformedMessage if it is neither."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"bad control message: {exc!r}") from None
+    control = _control(obj) if isinstance(obj, dict) else None
+    return control if control is not None else Heartbeat._parsed(obj)
+
+
 def decode_control(body: bytes) -> ControlMessage | None:
     """Parse an operator control message; None if the body is not one (e.g. a heartbeat),
     MalformedMessage if it says it is one but is not well-formed."""
@@ -243,8 +265,11 @@ def decode_control(body: bytes) -> ControlMessage | None:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict):
-        return None
+    return _control(obj) if isinstance(obj, dict) else None
+
+
+def _control(obj: dict) -> ControlMessage | None:
+    """An operator control message from its parsed JSON object; None if it is not one."""
     if MOVE in obj:
         move = obj[MOVE]
         if not isinstance(move, dict):
