@@ -8,6 +8,7 @@ from lbg.broker import connect_broker
 from lbg.broker.base import Broker
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
+from lbg.client import coordinator as coordinator_module
 from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
 from lbg.client.steering import BindingSteering
 from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync
@@ -235,5 +236,34 @@ def test_a_call_its_client_library_cancels_does_not_end_the_heartbeat_loop() -> 
         assert len(beats) > 3
         stop.set()
         await beating
+
+    asyncio.run(rounds())
+
+
+def test_a_heartbeat_that_says_the_same_again_renews_the_lease_unparsed(monkeypatch) -> None:
+    """Most heartbeats repeat their member's last word with a new number: they renew its
+    lease without being parsed; one that says something new is parsed and acted on."""
+    clock = Clock()
+    parsed: list[bytes] = []
+    decode = coordinator_module.decode_message
+
+    def counting(body: bytes):
+        parsed.append(body)
+        return decode(body)
+
+    monkeypatch.setattr(coordinator_module, "decode_message", counting)
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        coordinator = member(broker, mine, clock)
+        for beat in range(1, 11):
+            clock.now += 0.15
+            body = Heartbeat("a-peer", MemberState.ACTIVE, {}, frozenset({0}), 0, beat).encode()
+            coordinator._receive(body)
+            coordinator.view.expire()
+        assert len(parsed) == 1, f"{len(parsed)} of 10 repeated heartbeats parsed"
+        assert coordinator.view.members() == ["a-peer"], "its lease was renewed"
+        coordinator._receive(Heartbeat("a-peer", MemberState.LEAVING, beat=11).encode())
+        assert len(parsed) == 2 and coordinator.view.members() == []
 
     asyncio.run(rounds())

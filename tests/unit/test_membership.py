@@ -3,12 +3,13 @@
 import contextlib
 from dataclasses import replace
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.client.membership import MembershipView
-from lbg.model.control import Heartbeat, MemberState, queues_digest
+from lbg.model.control import Heartbeat, MemberState, queues_digest, unnumbered
 from lbg.model.messages import MalformedMessage
 
 
@@ -123,3 +124,13 @@ def test_a_heartbeat_stays_small_while_its_queues_do_not_change() -> None:
     digest = queues_digest(owns, frozenset())
     short = Heartbeat("a", MemberState.ACTIVE, owns, digest=digest, full=False).encode()
     assert len(short) < 100 < len(Heartbeat("a", MemberState.ACTIVE, owns).encode())
+
+
+def test_an_unnumbered_heartbeat_body_leaves_out_only_its_number() -> None:
+    one = Heartbeat("m", MemberState.ACTIVE, {3: "pin"}, frozenset({1}), 2, beat=7, digest=9)
+    other = Heartbeat("m", MemberState.ACTIVE, {3: "pin"}, frozenset({1}), 2, beat=8, digest=9)
+    assert unnumbered(one.encode()) == unnumbered(other.encode())
+    assert b'"n"' not in unnumbered(one.encode())
+    assert orjson.loads(unnumbered(one.encode()))["d"] == 9
+    changed = Heartbeat("m", MemberState.ACTIVE, {3: "pin"}, frozenset({1}), 2, beat=8, digest=10)
+    assert unnumbered(changed.encode()) != unnumbered(one.encode())

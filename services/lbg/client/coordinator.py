@@ -45,6 +45,7 @@ from lbg.model.control import (
     encode_gossip,
     encode_sync,
     queues_digest,
+    unnumbered,
 )
 from lbg.model.lease import LeaseTerms, OwnLease
 from lbg.model.messages import MalformedMessage
@@ -110,6 +111,10 @@ class Coordinator:
         self._sent_digest: int | None = None
         self._full_due = True
         self._syncs: set[str] = set()
+        # What each active member last said in full, by its unnumbered body: the same word
+        # again (most heartbeats) only renews its lease, unparsed.
+        self._heard: dict[bytes, Heartbeat] = {}
+        self._heard_from: dict[str, bytes] = {}
 
     @property
     def lease(self) -> float:
@@ -233,6 +238,12 @@ class Coordinator:
         self._drop_overrides(self.member, reason)
 
     def _receive(self, body: bytes) -> None:
+        key = unnumbered(body)
+        known = self._heard.get(key)
+        if known is not None and self.view.heartbeat_of(known.member) is known:
+            self.view.observe(known)
+            self._hear_generation(known.generation)
+            return
         try:
             heartbeat = decode_message(body)
         except MalformedMessage as exc:
@@ -249,6 +260,7 @@ class Coordinator:
         before = self.view.heartbeat_of(heartbeat.member)
         heartbeat = self._filled(heartbeat, before)
         self.view.observe(heartbeat)
+        self._remember(key, heartbeat)
         if before is None:
             self._gossip_soon = True
             self._answer_newcomer()
@@ -256,6 +268,16 @@ class Coordinator:
             self._drop_overrides(heartbeat.member, "leaving")
         if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
             self.rebalance()
+
+    def _remember(self, key: bytes, heartbeat: Heartbeat) -> None:
+        """Keep an active member's word, once its queues are known, for when it says it again
+        (a leaving member's each heartbeat drops overrides to it; an unfilled one asks a sync)."""
+        dropped = self._heard_from.pop(heartbeat.member, None)
+        if dropped is not None:
+            del self._heard[dropped]
+        if heartbeat.full and heartbeat.state is MemberState.ACTIVE:
+            self._heard[key] = heartbeat
+            self._heard_from[heartbeat.member] = key
 
     def _filled(self, heartbeat: Heartbeat, before: Heartbeat | None) -> Heartbeat:
         """The heartbeat with the member's queues; asks it for a sync if they are not known."""
