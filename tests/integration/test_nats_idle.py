@@ -17,6 +17,7 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError
 from lbg.broker.nats.adapter import consumer_name, events_stream
+from lbg.broker.nats.direct import subscribe_direct
 from lbg.devstack.embedded import EmbeddedNats
 from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher
@@ -240,3 +241,33 @@ def test_a_waiting_standby_pulls_again_when_the_connection_comes_back(tmp_path: 
         asyncio.run(waiting_through_a_restart(server))
     finally:
         server.kill()
+
+
+async def heard_directly(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        heard: list[tuple[bytes, object]] = []
+
+        def handler(body: bytes) -> None:
+            heard.append((body, asyncio.current_task()))
+            if body == b"bad":
+                raise ValueError("a handler's bug")
+
+        subscription = await subscribe_direct(nc, "direct.test", handler)
+        for body in (b"one", b"bad", b"two"):
+            await nc.publish("direct.test", body)
+        await nc.flush()
+        await until(lambda: len(heard) == 3, 5, "three messages")
+        assert [body for body, _ in heard] == [b"one", b"bad", b"two"]
+        queue_task = subscription._wait_for_msgs_task
+        assert all(task is not queue_task for _, task in heard), "handled by the queue's task"
+        assert nc.is_connected, "a handler's error reached the read loop"
+        await subscription.unsubscribe()
+    finally:
+        await nc.close()
+
+
+def test_control_messages_are_handed_over_by_the_read_loop_itself(nats_url: str) -> None:
+    """No queue and task per message: a member hears its peers' heartbeats at the cost of the
+    handler, and a handler's error costs that message only."""
+    asyncio.run(heard_directly(nats_url))

@@ -25,6 +25,9 @@ class Holding(NamedTuple):
     waiting: bool
 
 
+WAITING = Holding(active=False, pin=None, waiting=True)
+
+
 class Steering(Protocol):
     """What a dynamic coordinator may read of and ask of its client's queues."""
 
@@ -101,8 +104,12 @@ class BindingSteering:
         held = {}
         for queue in queues:
             binding = self._bindings.get(queue)
-            if binding is not None and ((active := binding.active) or binding.waiting):
-                held[queue] = Holding(active, binding.pin, waiting=not active)
+            if binding is None:
+                continue
+            if binding.active:
+                held[queue] = Holding(True, binding.pin, waiting=False)
+            elif binding.waiting:
+                held[queue] = WAITING  # no pin while not active
         self._watched = set(held)
         return held
 

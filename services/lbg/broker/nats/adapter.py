@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import orjson
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
@@ -57,6 +56,7 @@ from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.connection import ConnectionLog, connect_nats
+from lbg.broker.nats.direct import subscribe_direct
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.histories import HistoryFeed
 from lbg.broker.nats.parking import (
@@ -542,10 +542,7 @@ class NatsBroker(Broker):
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
-        async def deliver(msg: Msg) -> None:
-            handler(msg.data)
-
-        subscription = await self._nc.subscribe(control_subject(group), cb=deliver)
+        subscription = await subscribe_direct(self._nc, control_subject(group), handler)
         return subscription.unsubscribe
 
     def parking(self, group: str) -> ParkingLot:
