@@ -19,7 +19,10 @@ from lbg.broker import connect_broker
 from lbg.broker.base import Broker, BrokerError, ParkedEvent, PublishError, UndeliverableEvent
 from lbg.broker.memory import memory_store
 from lbg.broker.memory.adapter import MemoryBroker
+from lbg.client import client as client_module
+from lbg.client import parking as parking_module
 from lbg.client.coordination import DynamicRole
+from lbg.client.parking import KeyParking
 from lbg.handlers import Context
 from lbg.model.destinations import OutputKind
 from lbg.model.messages import Event
@@ -239,3 +242,29 @@ def test_an_event_the_broker_refuses_as_it_is_parks_its_key_after_the_retries() 
     group = BrokerFailsGroup(UndeliverableEvent("body too large"), failures=100)
     run(scenario, group)
     assert group.failures == 100 - 4, "--retries 3: four attempts, then parked"
+
+
+def test_a_member_that_serves_no_queue_reads_no_parked_keys(monkeypatch) -> None:
+    """The parked keys are followed for the queues a member serves: an idle one reads none
+    (it reads them on taking a queue over), one that processed events follows them."""
+    monkeypatch.setattr(client_module, "REFRESH_SECONDS", 0.02)
+    monkeypatch.setattr(parking_module, "REFRESH_SECONDS", 0.02)
+    reads: list[bool] = []
+    refresh = KeyParking.refresh
+
+    async def counted(self: KeyParking, current: bool = True) -> None:
+        reads.append(current)
+        await refresh(self, current)
+
+    monkeypatch.setattr(KeyParking, "refresh", counted)
+
+    async def scenario(group: Group) -> None:
+        await group.join("a")
+        await asyncio.sleep(0.3)
+        idle_reads = reads.count(False)  # the follower's (a takeover reads them current)
+        assert idle_reads == 0, f"an idle member followed the parked keys {idle_reads} times"
+        await group.publish(KEYS, keys=KEYS)
+        await until(lambda: sum(group.handled().values()) == KEYS)
+        await until(lambda: reads.count(False) >= 3)  # followed once it serves queues
+
+    run(scenario)

@@ -228,9 +228,13 @@ class LbgClient:
     async def _follow_unparks(self) -> None:
         """Read the parked keys every REFRESH_SECONDS and, once an operator unparked a key,
         wake the workers of the queues this client serves (the one that owns the key queues
-        its replay): workers sleep until something needs them rather than look by themselves."""
+        its replay): workers sleep until something needs them rather than look by themselves.
+        A client that serves no queue yet reads nothing (a worker reads the keys when it takes
+        its queue over), so an idle member's cost follows the events."""
         while True:
             await asyncio.sleep(REFRESH_SECONDS)
+            if not self._checked:
+                continue
             await self._parking.refresh_if_due()
             if self._parking.replays_waiting():
                 for queue in list(self._checked):
