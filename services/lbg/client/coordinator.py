@@ -99,6 +99,7 @@ class Coordinator:
         self._gone_pins: dict[str, float] = {}
         self._gone_queues: dict[int, float] = {}
         self._looked: dict[int, float] = {}
+        self._lookups_due = -float("inf")  # when the next periodic lookup may be due
         self._assigned: tuple[object, ...] | None = None
         self._mine: tuple[int, ...] = ()  # the queues assigned here
         self._wanted: tuple[int, ...] = ()  # and those this member stands by for
@@ -369,6 +370,7 @@ class Coordinator:
             mine = tuple(sorted(q for q, m in self.desired.items() if m == self.member))
             for queue in set(mine).difference(self._mine):
                 self._looked.pop(queue, None)  # new here: ask who holds it at once
+                self._lookups_due = -float("inf")
             self._mine = mine
             standing = (q for q, m in self.standbys.items() if m == self.member)
             self._wanted = tuple(sorted({*mine, *standing}))
@@ -425,6 +427,8 @@ class Coordinator:
             *(q for hb in stalled_owners for q in hb.owns),
         }
         now = self._clock()
+        if not suspects and now < self._lookups_due:
+            return  # (most rounds: no need to look at each queue waited for)
         due = [
             queue
             for queue in self._mine
@@ -434,9 +438,11 @@ class Coordinator:
                 or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * self.lease
             )
         ]
+        self._looked.update(dict.fromkeys(due, now))
+        looked = (self._looked.get(queue, -float("inf")) for queue in self._mine)
+        self._lookups_due = min(looked, default=float("inf")) + LOOKUP_LEASES * self.lease
         if not due and not self._unknown:
             return
-        self._looked.update(dict.fromkeys(due, now))
         pins = await asyncio.gather(*(self._steering.pinned_by(queue) for queue in due))
         unknown: dict[int, tuple[str, float]] = {}
         for queue, pin in zip(due, pins, strict=True):
