@@ -110,6 +110,8 @@ class Coordinator:
         self._gossip_soon = False
         self._wake = asyncio.Event()
         self._sent_digest: int | None = None
+        no_queues: dict[int, str] = {}
+        self._beat_of = (None, no_queues, frozenset(), queues_digest(no_queues, frozenset()))
         self._full_due = True
         self._syncs: set[str] = set()
         # What each active member last said in full, by its unnumbered body: the same word
@@ -458,9 +460,11 @@ class Coordinator:
 
     async def _beat(self, held: dict[int, Holding] | None = None) -> None:
         holdings = self._steering.holdings() if held is None else held
-        owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
-        wants = frozenset(q for q, h in holdings.items() if h.waiting)
-        digest = queues_digest(owns, wants)
+        if holdings != self._beat_of[0]:  # what it holds changes rarely: say it the same way
+            owns = {q: h.pin for q, h in holdings.items() if h.active and h.pin}
+            wants = frozenset(q for q, h in holdings.items() if h.waiting)
+            self._beat_of = (holdings, owns, wants, queues_digest(owns, wants))
+        _, owns, wants, digest = self._beat_of
         full = self._full_due or digest != self._sent_digest
         self._full_due, self._sent_digest = False, digest
         beat = self.own_lease.sent()
