@@ -86,3 +86,28 @@ def test_preferences_are_told_once_and_again_to_a_new_binding_of_the_queue() -> 
     bindings[2] = FakeBinding()  # the queue was retired and bound again (a resize)
     steer.prefer_only([2])
     assert bindings[2].preferred
+
+
+def test_a_waiting_binding_is_taken_as_waiting_between_reads_and_a_new_one_read_at_once() -> None:
+    """An idle member waits for many queues: each is read once per WAITING_READ_SECONDS,
+    not every round; a preferred binding that does not wait yet is read every round, and
+    one that stopped waiting without a word is seen within that time."""
+    clock = Clock()
+    bindings = {q: FakeBinding() for q in range(40)}
+    steer = steering(bindings, clock)
+    steer.holdings()
+    steer.prefer_only(list(range(32)))
+    clock.now += 0.1
+    assert set(steer.holdings()) == set(range(32))
+    reads = bindings[5].reads
+    for _ in range(5):  # rounds within the second
+        clock.now += 0.15
+        assert set(steer.holdings()) == set(range(32))
+    assert bindings[5].reads == reads, "a waiting binding was read at every round"
+    bindings[5].preferred = False  # stops waiting, nobody told (a resize's switch)
+    steer.changed(6)
+    bindings[6].is_active = True
+    clock.now += 0.05
+    assert steer.holdings()[6] == Holding(True, "pin", False), "a change is read at once"
+    clock.now += BindingSteering.WAITING_READ_SECONDS
+    assert 5 not in steer.holdings(), "a silent change is seen within the waiting read"

@@ -77,9 +77,16 @@ class BindingSteering:
     the client's state listener); what was held is read again until it holds nothing. Every
     binding is read once per FULL_READ_SECONDS anyway, for what no listener reports (a
     non-exclusive group's binding is active from the start; a pin of this member's that it
-    does not claim meanwhile is an unclaimed pin to the others, evicted as such)."""
+    does not claim meanwhile is an unclaimed pin to the others, evicted as such).
+
+    A preferred binding found waiting is taken as still waiting, without reading it, for
+    WAITING_READ_SECONDS (an idle member's rounds read every queue it waits for otherwise):
+    it stops waiting by becoming active (it says so), by being told otherwise (here), or
+    by being replaced or having its consumer switched in a resize (seen within that time);
+    one that does not wait yet is read every round, so a new standby is heard of at once."""
 
     FULL_READ_SECONDS = 5.0
+    WAITING_READ_SECONDS = 1.0
 
     def __init__(
         self,
@@ -91,17 +98,30 @@ class BindingSteering:
         self._request_release = request_release
         self._clock = clock
         self._preferred: dict[int, QueueBinding] = {}  # the bindings told to stand ready
-        self._watched: set[int] = set()
-        self._read_all = -float("inf")
+        self._watched: set[int] = set()  # held something at the last read, or changed since
+        self._waiting: dict[int, QueueBinding] = {}  # found waiting at the last read
+        self._read_all = self._read_waiting = -float("inf")
 
     def holdings(self) -> dict[int, Holding]:
         now = self._clock()
+        known: dict[int, QueueBinding] = {}
         if now - self._read_all >= self.FULL_READ_SECONDS:
-            self._read_all = now
+            self._read_all = self._read_waiting = now
             queues: Collection[int] = list(self._bindings)
+        elif now - self._read_waiting >= self.WAITING_READ_SECONDS:
+            self._read_waiting = now
+            queues = self._watched | self._preferred.keys() | self._waiting.keys()
         else:
-            queues = self._watched | self._preferred.keys()
-        held = {}
+            bindings, preferred = self._bindings, self._preferred
+            known = {
+                queue: binding
+                for queue, binding in self._waiting.items()
+                if preferred.get(queue) is binding
+                and bindings.get(queue) is binding
+                and queue not in self._watched
+            }
+            queues = (self._watched | preferred.keys()).difference(known)
+        held = dict.fromkeys(known, WAITING)
         for queue in queues:
             binding = self._bindings.get(queue)
             if binding is None:
@@ -110,7 +130,8 @@ class BindingSteering:
                 held[queue] = Holding(True, binding.pin, waiting=False)
             elif binding.waiting:
                 held[queue] = WAITING  # no pin while not active
-        self._watched = set(held)
+        self._watched = {queue for queue, holding in held.items() if holding.active}
+        self._waiting = {q: self._bindings[q] for q, h in held.items() if h.waiting}
         return held
 
     def changed(self, queue: int) -> None:
@@ -144,6 +165,7 @@ class BindingSteering:
                 binding.fence(reason)
 
     def suspend_all(self, suspended: bool, reason: str) -> None:
+        self._read_waiting = -float("inf")  # a suspended binding no longer waits
         for binding in list(self._bindings.values()):
             if suspended:
                 binding.fence(reason)
