@@ -11,6 +11,8 @@ from lbg.client.steering import BindingSteering, Holding
 class FakeBinding:
     """Only what steering reads and sets of a binding; counts the reads of `active`."""
 
+    steady_waiting = True
+
     is_active: bool = False
     preferred: bool = False
     reads: int = 0
@@ -111,3 +113,37 @@ def test_a_waiting_binding_is_taken_as_waiting_between_reads_and_a_new_one_read_
     assert steer.holdings()[6] == Holding(True, "pin", False), "a change is read at once"
     clock.now += BindingSteering.WAITING_READ_SECONDS
     assert 5 not in steer.holdings(), "a silent change is seen within the waiting read"
+
+
+def test_a_binding_whose_wait_may_end_by_itself_is_read_every_round() -> None:
+    """Where a lost connection or consumer ends the wait (`steady_waiting` False: RabbitMQ's
+    line, for one), a waiting binding is read at every round as before."""
+    clock = Clock()
+    bindings = {0: FakeBinding()}
+    bindings[0].steady_waiting = False  # type: ignore[misc]
+    steer = steering(bindings, clock)
+    steer.holdings()
+    steer.prefer_only([0])
+    for _ in range(3):
+        clock.now += 0.15
+        assert steer.holdings() == {0: Holding(False, None, True)}
+    bindings[0].preferred = False  # its consumer went with its channel, say
+    clock.now += 0.15
+    assert steer.holdings() == {}, "a wait that ended by itself was taken as still on"
+
+
+def test_a_binding_still_waiting_though_no_longer_preferred_is_read_every_round() -> None:
+    """RabbitMQ's standby told to step out of a queue's line waits until its consumer is
+    gone: it is read at every round while it does."""
+    clock = Clock()
+    bindings = {0: FakeBinding()}
+    bindings[0].steady_waiting = False  # type: ignore[misc]
+    steer = steering(bindings, clock)
+    steer.holdings()
+    steer.prefer_only([0])
+    clock.now += 0.15
+    steer.holdings()
+    steer.prefer_only([])
+    bindings[0].preferred = True  # still in the line, leaving
+    clock.now += 0.15
+    assert steer.holdings() == {0: Holding(False, None, True)}

@@ -177,6 +177,11 @@ class QueueBinding(abc.ABC):
     # A release gives every delivery not acked back to the broker, in its original order and
     # ahead of later ones: the worker may leave what it has not started to the next owner.
     returns_unacked_in_order: ClassVar[bool] = False
+    # `waiting` stops only when the binding becomes active (its listener hears it) or is told
+    # to (set_preferred, suspend), or in a resize: a coordinator may take a binding it found
+    # waiting as still waiting for a while without reading it (client/steering.py). Not where
+    # a lost connection or consumer ends the wait by itself.
+    steady_waiting: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

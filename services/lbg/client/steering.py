@@ -79,11 +79,12 @@ class BindingSteering:
     non-exclusive group's binding is active from the start; a pin of this member's that it
     does not claim meanwhile is an unclaimed pin to the others, evicted as such).
 
-    A preferred binding found waiting is taken as still waiting, without reading it, for
-    WAITING_READ_SECONDS (an idle member's rounds read every queue it waits for otherwise):
-    it stops waiting by becoming active (it says so), by being told otherwise (here), or
-    by being replaced or having its consumer switched in a resize (seen within that time);
-    one that does not wait yet is read every round, so a new standby is heard of at once."""
+    A preferred binding found waiting whose waiting is steady (`steady_waiting`: NATS) is
+    taken as still waiting, without reading it, for WAITING_READ_SECONDS (an idle member's
+    rounds read every queue it waits for otherwise): it stops waiting by becoming active (it
+    says so), by being told otherwise (here), or by being replaced or having its consumer
+    switched in a resize (seen within that time); one that does not wait yet is read every
+    round, so a new standby is heard of at once."""
 
     FULL_READ_SECONDS = 5.0
     WAITING_READ_SECONDS = 1.0
@@ -116,11 +117,12 @@ class BindingSteering:
             known = {
                 queue: binding
                 for queue, binding in self._waiting.items()
-                if preferred.get(queue) is binding
+                if binding.steady_waiting
+                and preferred.get(queue) is binding
                 and bindings.get(queue) is binding
                 and queue not in self._watched
             }
-            queues = (self._watched | preferred.keys()).difference(known)
+            queues = (self._watched | preferred.keys() | self._waiting.keys()).difference(known)
         held = dict.fromkeys(known, WAITING)
         for queue in queues:
             binding = self._bindings.get(queue)

@@ -105,6 +105,8 @@ class GroupStints:
 class StintBinding(QueueBinding):
     """A queue of the current size, served through the consumers of each generation in turn."""
 
+    steady_waiting = True  # a waiting pull lost with the connection is sent again by itself
+
     def __init__(
         self,
         queue: int,
