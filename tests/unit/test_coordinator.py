@@ -237,3 +237,30 @@ def test_a_call_its_client_library_cancels_does_not_end_the_heartbeat_loop() -> 
         await beating
 
     asyncio.run(rounds())
+
+
+def test_the_next_round_comes_when_a_silent_peers_lease_lapses_not_a_heartbeat_later() -> None:
+    """A crashed peer is evicted as its lease and margin end: the round loop wakes then,
+    instead of at its next heartbeat (up to an interval late)."""
+    clock = Clock()
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        coordinator = member(broker, mine, clock)
+        await coordinator.join()
+        assert coordinator.next_round_in() == coordinator.interval, "nobody heard: a heartbeat"
+        coordinator._receive(Heartbeat("a-peer", MemberState.ACTIVE).encode())
+        heard = clock.now
+        lapses = heard + coordinator.lease + coordinator.view.margin
+        while clock.now + coordinator.interval < lapses:  # the peer is silent from now on
+            clock.now += coordinator.interval
+            await coordinator.tick()
+        assert "a-peer" in coordinator.view.members()
+        left = lapses - clock.now
+        assert abs(coordinator.next_round_in() - left) < 0.01, "the lease lapses first"
+        clock.now += coordinator.next_round_in()
+        await coordinator.tick()
+        assert "a-peer" not in coordinator.view.members(), "expired in the round it woke for"
+        assert coordinator.next_round_in() == coordinator.interval
+
+    asyncio.run(rounds())

@@ -57,6 +57,8 @@ JOIN_LISTEN_SECONDS = 0.1
 # pin is seen, or its owner is gone or stalled), so an idle member does not keep asking the
 # broker about every queue it waits for.
 LOOKUP_LEASES = 10.0
+# A round due at a peer's lease end runs this much after it, so the lease has surely lapsed.
+EXPIRY_SLACK = 0.005
 
 
 class Coordinator:
@@ -134,10 +136,11 @@ class Coordinator:
         log.info("member %s joined; members %s", self.member, self._members())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Heartbeat and rebalance every interval (or at once when woken) until `stop` is set."""
+        """Heartbeat and rebalance every interval, at a peer's lease end, or at once when
+        woken, until `stop` is set."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+                await asyncio.wait_for(self._wake.wait(), self.next_round_in())
             self._wake.clear()
             if stop.is_set():
                 return
@@ -149,6 +152,16 @@ class Coordinator:
                 if cancel_requested():
                     raise
                 log.warning("member %s: a broker call was cancelled under it", self.member)
+
+    def next_round_in(self) -> float:
+        """Seconds until the next round: a heartbeat interval, or less when a peer's lease
+        lapses sooner, so a crashed member is evicted as its lease ends, not up to a
+        heartbeat later. A lapse already due waits for a round anyway (the view was stale)."""
+        due = self.view.next_expiry()
+        if due is None:
+            return self.interval
+        left = due + EXPIRY_SLACK - self._clock()
+        return self.interval if left <= 0 else min(self.interval, left)
 
     async def leave(self) -> None:
         """Announce leaving: the others take this member's queues as it releases them."""
