@@ -92,6 +92,7 @@ class Options:
     static_samples: int
     cycle_seconds: float
     seed: int
+    member_args: tuple[str, ...] = ()  # e.g. ("--config", "fast-failover.toml")
 
 
 @dataclass(frozen=True)
@@ -368,7 +369,7 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
     async def join() -> None:
         name = f"member-{next(numbers)}"
         at = time.time()
-        daemon = local.start(name, "lbg-client", "--id", name)
+        daemon = local.start(name, "lbg-client", "--id", name, *opts.member_args)
         run.actions.append(Action("join", name, at))
         run.started_at[name] = at
         members.append(name)
@@ -411,7 +412,11 @@ async def run_dynamic(opts: Options, group: Group, rng: random.Random, echo: Ech
     for _ in range(opts.members):
         name = f"member-{next(numbers)}"
         run.started_at[name] = time.time()
-        await wait_log(local.start(name, "lbg-client", "--id", name), " joined", START_TIMEOUT)
+        await wait_log(
+            local.start(name, "lbg-client", "--id", name, *opts.member_args),
+            " joined",
+            START_TIMEOUT,
+        )
         members.append(name)
     say(f"group '{group.name}' {group.config.to_json()}; members {members}")
     publisher = local.start_publisher(
@@ -867,6 +872,12 @@ def summary_text(opts: Options, results: dict[str, dict[str, Any]]) -> str:
     "printed with the result].",
 )
 @broker_options
+@click.option(
+    "--member-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A TOML file every dynamic member runs with (--config), e.g. to try other [client] "
+    "heartbeat_interval, lease and lease_margin values [default: the built-in defaults].",
+)
 @click.option("--keep-logs", is_flag=True, help="Keep the daemons' logs even after a clean run.")
 @click.option(
     "--json", "as_json", is_flag=True, help="End with one JSON line of every figure, by broker."
@@ -886,6 +897,7 @@ def main(
     brokers: tuple[str, ...],
     broker_url: str | None,
     admin_url: str | None,
+    member_config: str | None,
     keep_logs: bool,
     as_json: bool,
 ) -> None:
@@ -915,6 +927,7 @@ def main(
         static_samples=static_samples,
         cycle_seconds=cycle_seconds,
         seed=seed,
+        member_args=("--config", str(Path(member_config).resolve())) if member_config else (),
     )
     workdir = Path(tempfile.mkdtemp(prefix="lbg-rebalance-"))
     logging.basicConfig(
