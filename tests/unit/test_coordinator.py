@@ -3,6 +3,8 @@ pinned to a client this member has not heard of, and this member stands by for i
 
 import asyncio
 import contextlib
+import logging
+import time
 
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker
@@ -264,3 +266,29 @@ def test_the_next_round_comes_when_a_silent_peers_lease_lapses_not_a_heartbeat_l
         assert coordinator.next_round_in() == coordinator.interval
 
     asyncio.run(rounds())
+
+
+def test_rounds_that_run_late_are_logged_with_what_the_lease_tolerates(caplog) -> None:
+    """A process blocked for most of a lease fences itself while alive: the log says its
+    heartbeat rounds ran late, and by how much, so the operator knows why."""
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        steering = BindingSteering({0: mine}, lambda q: None)
+        coordinator = Coordinator(
+            broker, "g", "me", steering, interval=0.02, lease=0.2, margin=0.05, queue_count=1
+        )
+        await coordinator.join()
+        stop = asyncio.Event()
+        beating = asyncio.create_task(coordinator.run(stop))
+        await asyncio.sleep(0.05)
+        time.sleep(0.1)  # as a handler that blocks the event loop would
+        await asyncio.sleep(0.1)
+        stop.set()
+        await beating
+
+    with caplog.at_level(logging.WARNING, logger="lbg.client.coordinator"):
+        asyncio.run(rounds())
+    late = [r.getMessage() for r in caplog.records if "round ran" in r.getMessage()]
+    assert len(late) == 1, late
+    assert "the lease tolerates 0.15s" in late[0]

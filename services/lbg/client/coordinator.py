@@ -59,6 +59,9 @@ JOIN_LISTEN_SECONDS = 0.1
 LOOKUP_LEASES = 10.0
 # A round due at a peer's lease end runs this much after it, so the lease has surely lapsed.
 EXPIRY_SLACK = 0.005
+# Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
+# logged at most this often, with the worst lateness since: it is what fences a live member.
+LATE_LOG_SECONDS = 10.0
 
 
 class Coordinator:
@@ -111,6 +114,8 @@ class Coordinator:
         self._sent_digest: int | None = None
         self._full_due = True
         self._syncs: set[str] = set()
+        self.worst_late = 0.0
+        self._late_told = -float("inf")
 
     @property
     def lease(self) -> float:
@@ -139,11 +144,13 @@ class Coordinator:
         """Heartbeat and rebalance every interval, at a peer's lease end, or at once when
         woken, until `stop` is set."""
         while not stop.is_set():
+            due = self._clock() + self.next_round_in()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.next_round_in())
+                await asyncio.wait_for(self._wake.wait(), due - self._clock())
             self._wake.clear()
             if stop.is_set():
                 return
+            self._note_lateness(self._clock() - due)
             try:
                 await self.tick()
             except (BrokerError, TimeoutError):
@@ -152,6 +159,22 @@ class Coordinator:
                 if cancel_requested():
                     raise
                 log.warning("member %s: a broker call was cancelled under it", self.member)
+
+    def _note_lateness(self, late: float) -> None:
+        """Warn when rounds run an interval or more late: heartbeats then go out late too,
+        and a process blocked for most of a lease fences itself (or is evicted) while alive."""
+        self.worst_late = max(self.worst_late, late)
+        now = self._clock()
+        if self.worst_late < self.interval or now - self._late_told < LATE_LOG_SECONDS:
+            return
+        log.warning(
+            "member %s: a heartbeat round ran %.2fs late (the process was blocked or starved"
+            " of CPU); the lease tolerates %.2fs without a heartbeat",
+            self.member,
+            self.worst_late,
+            self.own_lease.terms.lease - self.own_lease.terms.margin,
+        )
+        self.worst_late, self._late_told = 0.0, now
 
     def next_round_in(self) -> float:
         """Seconds until the next round: a heartbeat interval, or less when a peer's lease
