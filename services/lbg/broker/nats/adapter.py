@@ -359,14 +359,23 @@ class NatsBroker(Broker):
         return groups
 
     async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
-        """The owners bucket, if missing (it is shared by every group); the client user's
-        rights on it come from the rendered permissions (permissions.py), to apply again."""
+        """What an older release's group lacks: the owners bucket (shared by every group; the
+        client user's rights on it come from the rendered permissions, to apply again), and
+        the events stream's consumer limit (without one the server caps the stream at its
+        default, which a resize of a large group, two generations of queues, runs into)."""
+        added = []
         try:
             await self._bucket(OWNERS_BUCKET, create=False)
-            return []
         except BucketNotFoundError:
             await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
-            return [f"KV bucket '{OWNERS_BUCKET}'"]
+            added.append(f"KV bucket '{OWNERS_BUCKET}'")
+        stream = (await self._js.stream_info(events_stream(name))).config
+        limit = consumer_limit(config)
+        if (stream.max_consumers or -1) < limit:
+            stream.max_consumers = limit
+            await self._js.update_stream(stream)
+            added.append(f"stream '{stream.name}' max_consumers {limit}")
+        return added
 
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
