@@ -7,7 +7,7 @@ import logging
 import time
 
 from lbg.broker import connect_broker
-from lbg.broker.base import Broker
+from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
@@ -292,3 +292,29 @@ def test_rounds_that_run_late_are_logged_with_what_the_lease_tolerates(caplog) -
     late = [r.getMessage() for r in caplog.records if "round ran" in r.getMessage()]
     assert len(late) == 1, late
     assert "the lease tolerates 0.15s" in late[0]
+
+
+def test_a_heartbeat_refused_as_a_member_joins_is_sent_again_at_the_next_round() -> None:
+    """A connection reset while a member starts made its first heartbeat fail, and the client
+    exited: the member joins all the same and beats at its next round."""
+    clock = Clock()
+
+    async def rounds() -> list[str]:
+        broker, _, mine = await held_by("other")
+        coordinator = member(broker, mine, clock)
+        sent = broker.publish_control
+        calls: list[str] = []
+
+        async def refused_twice(group: str, body: bytes) -> None:
+            calls.append("refused" if len(calls) < 2 else "sent")
+            if calls[-1] == "refused":
+                raise BrokerError("heartbeat not sent: ConnectionResetError")
+            await sent(group, body)
+
+        broker.publish_control = refused_twice  # type: ignore[method-assign]
+        await coordinator.join()
+        clock.now += 0.15
+        await coordinator.tick()
+        return calls
+
+    assert asyncio.run(rounds()) == ["refused", "refused", "sent"]

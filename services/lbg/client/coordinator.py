@@ -132,12 +132,16 @@ class Coordinator:
 
     async def join(self) -> None:
         """Announce this member (claiming and wanting nothing yet); the others answer at once
-        with their heartbeats, so a short wait suffices to learn the view before rebalancing."""
+        with their heartbeats, so a short wait suffices to learn the view before rebalancing.
+        A heartbeat the broker does not take is tried again next round, as in `run` (a member
+        exited when its connection was reset as it started): its lease says what it may do."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
         self.own_lease.start()
-        await self._beat()
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await self._beat()
         await asyncio.sleep(min(2 * self.interval, JOIN_LISTEN_SECONDS))
-        await self.tick()
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await self.tick()
         log.info("member %s joined; members %s", self.member, self._members())
 
     async def run(self, stop: asyncio.Event) -> None:

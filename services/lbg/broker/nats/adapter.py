@@ -52,6 +52,7 @@ from lbg.broker.base import (
     StateListener,
     UndeliverableEvent,
     needs_upgrade,
+    why,
 )
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
@@ -317,7 +318,7 @@ class NatsBroker(Broker):
                 self._nc, configs, name, queue_count, publish, events_stream(name), consumer_config
             )
         except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
-            reason = exc or type(exc).__name__
+            reason = why(exc)
             raise BrokerError(f"cannot resize group '{name}': {reason}") from None
 
     async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
@@ -339,7 +340,7 @@ class NatsBroker(Broker):
             reason = self._events.refusal(key) or "no answer in time"
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         except NatsError as exc:  # no responders while JetStream (re)starts, a closing connection
-            reason = exc or type(exc).__name__
+            reason = why(exc)
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         try:
             return GroupConfig.from_json(entry.value or b"")
@@ -546,7 +547,7 @@ class NatsBroker(Broker):
         try:
             await self._nc.publish(control_subject(group), body)
         except NatsError as exc:
-            raise BrokerError(f"heartbeat not sent: {exc or type(exc).__name__}") from None
+            raise BrokerError(f"heartbeat not sent: {why(exc)}") from None
 
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
