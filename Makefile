@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/python -m compileall -q services  # as pip does for an installed package: a daemon starts without compiling (PYTHONDONTWRITEBYTECODE may be set)
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from lbg.broker.base import Broker, PublishError, UndeliverableEvent
+from lbg.broker.base import Broker, PublishError, UndeliverableEvent, why
 from lbg.metrics import PUBLISH_SECONDS, Family, counter, gauge
 from lbg.model.destinations import OutputKind, event_destination, output_destination
 from lbg.model.group import GroupConfig
@@ -262,7 +262,7 @@ class HashedPublisher:
         except Exception as exc:
             if self._failure is None:
                 self._failure = exc
-                log.error("publish of key %r failed: %s", key[:80], exc or type(exc).__name__)
+                log.error("publish of key %r failed: %s", key[:80], why(exc))
             while waiting:
                 self._settle(waiting.popleft(), False)
         finally:

@@ -213,11 +213,14 @@ def test_hooks_tell_a_handover_in_order(
     handler, journal = recording_hooks
     make_group()
     first = member(deployment, "client-a", "--handler", handler)
-    publisher = load(deployment, 5.0)
+    # Events flow until client-b serves: on NATS a new owner learns it is one from its first
+    # delivery (a 5 s load had ended before a slow start joined, and nothing ever told it).
+    publisher = load(deployment, 60.0)
     wait_for(lambda: serving(deployment, "client-a"), 15, "client-a never became active")
     time.sleep(1.0)
     second = member(deployment, "client-b", "--handler", handler)
     wait_for(lambda: serving(deployment, "client-b"), 10, "client-b got no queue")
+    publisher.send(signal.SIGTERM)
     assert publisher.wait(60) == 0, publisher.log_tail()
     report = validate()
     assert report["lost"] == 0 and report["reordered"] == 0

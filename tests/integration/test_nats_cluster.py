@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from tests.support.processes import cli, under_load
+from tests.support.processes import cli, parked_lines, under_load
 
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.adapter import consumer_name, events_stream
@@ -58,4 +58,4 @@ def test_killing_the_leader_of_a_queue_loses_and_reorders_nothing(
 
     assert report["lost"] == 0
     assert report["reordered"] == 0
-    assert report["unique"] == report["published"] > 400
+    assert report["unique"] == report["published"] > 400, (report, parked_lines(local)[:5])

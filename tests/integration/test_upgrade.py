@@ -10,13 +10,14 @@ claims queue is checked by test_solace_live.py (make test-solace).
 import asyncio
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 
 import aio_pika
 import pytest
 from tests.support.processes import cli
 
-from lbg.broker.nats.adapter import OWNERS_BUCKET, NatsBroker
+from lbg.broker.nats.adapter import OWNERS_BUCKET, NatsBroker, events_stream
 from lbg.broker.rabbitmq import topology
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.devstack.deployment import script
@@ -94,3 +95,33 @@ def test_an_old_group_is_refused_in_one_line_until_upgraded(
     assert "nothing to add" in again or "owners stream" not in again, again
     assert still_running, late_stderr
     assert "upgrade" not in late_stderr, late_stderr
+
+
+async def _consumer_limit(url: str, group: str, set_to: int | None = None) -> int:
+    """The group's events stream's max_consumers; with `set_to`, set it first (-1: none, as
+    an older release made it, which the server caps at its default of 1000)."""
+    nats = await NatsBroker.connect(BrokerSettings(url=url), "upgrade-test")
+    try:
+        stream = (await nats._js.stream_info(events_stream(group))).config
+        if set_to is not None:
+            stream.max_consumers = set_to
+            await nats._js.update_stream(stream)
+        return int((await nats._js.stream_info(events_stream(group))).config.max_consumers)
+    finally:
+        await nats.close()
+
+
+def test_upgrade_raises_an_old_nats_groups_consumer_cap(nats_url: str) -> None:
+    group = f"cap{uuid.uuid4().hex[:8]}"
+    cli("cg-admin", "--broker-url", nats_url, "create", "--group", group,
+        "--hash-count", "600", "--queue-count", "4", "--queue-size", "1")  # fmt: skip
+    made = asyncio.run(_consumer_limit(nats_url, group))
+    asyncio.run(_consumer_limit(nats_url, group, set_to=-1))
+
+    first = cli("cg-admin", "--broker-url", nats_url, "upgrade", group).stdout
+    again = cli("cg-admin", "--broker-url", nats_url, "upgrade", group).stdout
+
+    assert made == 1200  # two generations of buckets
+    assert f"max_consumers {made}" in first, first
+    assert asyncio.run(_consumer_limit(nats_url, group)) == made
+    assert "nothing to add" in again, again

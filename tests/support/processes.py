@@ -70,6 +70,18 @@ def under_load(local: LocalDeployment, fault: Callable[[], None], settle: float)
         local.stop_all()
 
 
+def parked_lines(local: LocalDeployment) -> list[str]:
+    """The clients' "key ... parked" log lines: events a run did not lose but parked (the
+    validator counts them as neither lost nor unique), to show when a count falls short."""
+    return [
+        line
+        for name, daemon in local.daemons.items()
+        if name.startswith("client") and daemon.log_path.exists()
+        for line in daemon.log_path.read_text(errors="replace").splitlines()
+        if " parked" in line and "key " in line
+    ]
+
+
 def wait_for_log(daemon: Daemon, text: str, timeout: float = 30.0) -> None:
     """Wait until the daemon's log holds `text` (it got that far), or fail with its tail."""
     deadline = time.monotonic() + timeout

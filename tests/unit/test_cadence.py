@@ -53,7 +53,10 @@ def test_heartbeats_fall_on_multiples_of_the_interval_whatever_the_start() -> No
     sent = asyncio.run(rounds())
     assert 4 <= len(sent) <= 9, f"{len(sent)} beats in 8 intervals (not counting join's)"
     late = [round(at % INTERVAL, 3) for at in sent]
-    assert all(phase < INTERVAL / 3 for phase in late), f"beats not in step: phases {late}"
+    # Most, not all: on a busy machine a timer fires late now and then. Beats out of step
+    # would fall in the first third of the interval a third of the time.
+    in_step = sum(phase < INTERVAL / 3 for phase in late)
+    assert in_step >= 0.75 * len(late), f"beats not in step: phases {late}"
 
 
 def test_the_stall_watchdog_looks_when_a_call_could_have_hung_not_every_interval() -> None:

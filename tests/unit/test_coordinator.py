@@ -3,9 +3,11 @@ pinned to a client this member has not heard of, and this member stands by for i
 
 import asyncio
 import contextlib
+import logging
+import time
 
 from lbg.broker import connect_broker
-from lbg.broker.base import Broker
+from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client import coordinator as coordinator_module
@@ -267,3 +269,78 @@ def test_a_heartbeat_that_says_the_same_again_renews_the_lease_unparsed(monkeypa
         assert len(parsed) == 2 and coordinator.view.members() == []
 
     asyncio.run(rounds())
+
+
+def test_the_next_round_comes_when_a_silent_peers_lease_lapses_not_a_heartbeat_later() -> None:
+    """A crashed peer is evicted as its lease and margin end: the round loop wakes then,
+    instead of at its next heartbeat (up to an interval late)."""
+    clock = Clock()
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        coordinator = member(broker, mine, clock)
+        await coordinator.join()
+        assert 0 < coordinator.next_round_in() <= coordinator.interval * 1.05, "nobody heard"
+        coordinator._receive(Heartbeat("a-peer", MemberState.ACTIVE).encode())
+        lapses = clock.now + coordinator.lease + coordinator.view.margin
+        while "a-peer" in coordinator.view.members():  # silent from now on: rounds as they come
+            step = coordinator.next_round_in()
+            assert step <= max(0.0, lapses - clock.now) + 0.01, "a round after the lease lapsed"
+            clock.now += step
+            await coordinator.tick()
+        assert clock.now - lapses < 0.01, f"expired {clock.now - lapses:.3f}s after its lease"
+
+    asyncio.run(rounds())
+
+
+def test_rounds_that_run_late_are_logged_with_what_the_lease_tolerates(caplog) -> None:
+    """A process blocked for most of a lease fences itself while alive: the log says its
+    heartbeat rounds ran late, and by how much, so the operator knows why."""
+
+    async def rounds() -> None:
+        broker, _, mine = await held_by("other")
+        steering = BindingSteering({0: mine}, lambda q: None)
+        coordinator = Coordinator(
+            broker, "g", "me", steering, interval=0.02, lease=0.2, margin=0.05, queue_count=1
+        )
+        await coordinator.join()
+        stop = asyncio.Event()
+        beating = asyncio.create_task(coordinator.run(stop))
+        for _ in range(2):  # twice: once may fall while a round runs, which is not late
+            await asyncio.sleep(0.05)
+            time.sleep(0.1)  # as a handler that blocks the event loop would
+        await asyncio.sleep(0.1)
+        stop.set()
+        await beating
+
+    with caplog.at_level(logging.WARNING, logger="lbg.client.coordinator"):
+        asyncio.run(rounds())
+    late = [r.getMessage() for r in caplog.records if "round ran" in r.getMessage()]
+    assert len(late) == 1, late
+    assert "the lease tolerates 0.15s" in late[0]
+
+
+def test_a_heartbeat_refused_as_a_member_joins_is_sent_again_at_the_next_round() -> None:
+    """A connection reset while a member starts made its first heartbeat fail, and the client
+    exited: the member joins all the same and beats at its next round."""
+    clock = Clock()
+
+    async def rounds() -> list[str]:
+        broker, _, mine = await held_by("other")
+        coordinator = member(broker, mine, clock)
+        sent = broker.publish_control
+        calls: list[str] = []
+
+        async def refused_twice(group: str, body: bytes) -> None:
+            calls.append("refused" if len(calls) < 2 else "sent")
+            if calls[-1] == "refused":
+                raise BrokerError("heartbeat not sent: ConnectionResetError")
+            await sent(group, body)
+
+        broker.publish_control = refused_twice  # type: ignore[method-assign]
+        await coordinator.join()
+        clock.now += 0.15
+        await coordinator.tick()
+        return calls
+
+    assert asyncio.run(rounds()) == ["refused", "refused", "sent"]

@@ -32,6 +32,12 @@ class BrokerError(Exception):
     """A broker operation failed; the message is one line fit for an operator."""
 
 
+def why(exc: BaseException) -> str:
+    """An exception's text, or its type's name when it has none (aiormq raises bare ones,
+    whose text is empty: `exc or <its type>` printed nothing, as an exception is always true)."""
+    return str(exc) or type(exc).__name__
+
+
 class GroupExists(BrokerError):
     """Creating a group clashed with an existing object, named in the message."""
 

@@ -25,10 +25,10 @@ def until_next(period: float, now: float | None = None) -> float:
     return delay if delay >= MIN_GAP * period else delay + period
 
 
-async def wait_next(period: float, wake: asyncio.Event) -> None:
-    """Until the next multiple of `period` or until `wake` is set, whichever comes first (a
-    timer sets `wake`: one timer handle per round rather than wait_for's task)."""
-    timer = asyncio.get_running_loop().call_later(until_next(period), wake.set)
+async def wait_until(delay: float, wake: asyncio.Event) -> None:
+    """`delay` seconds, or until `wake` is set, whichever comes first (a timer sets `wake`:
+    one timer handle per round rather than wait_for's task)."""
+    timer = asyncio.get_running_loop().call_later(max(0.0, delay), wake.set)
     try:
         await wake.wait()
     finally:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.cadence import wait_next
+from lbg.client.cadence import until_next, wait_until
 from lbg.client.membership import MembershipView
 from lbg.client.steering import Holding, Steering
 from lbg.model.control import (
@@ -59,6 +59,11 @@ JOIN_LISTEN_SECONDS = 0.1
 # pin is seen, or its owner is gone or stalled), so an idle member does not keep asking the
 # broker about every queue it waits for.
 LOOKUP_LEASES = 10.0
+# A round due at a peer's lease end runs this much after it, so the lease has surely lapsed.
+EXPIRY_SLACK = 0.005
+# Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
+# logged at most this often, with the worst lateness since: it is what fences a live member.
+LATE_LOG_SECONDS = 10.0
 
 
 class Coordinator:
@@ -118,6 +123,8 @@ class Coordinator:
         # again (most heartbeats) only renews its lease, unparsed.
         self._heard: dict[bytes, Heartbeat] = {}
         self._heard_from: dict[str, bytes] = {}
+        self.worst_late = 0.0
+        self._late_told = -float("inf")
 
     @property
     def lease(self) -> float:
@@ -134,22 +141,28 @@ class Coordinator:
 
     async def join(self) -> None:
         """Announce this member (claiming and wanting nothing yet); the others answer at once
-        with their heartbeats, so a short wait suffices to learn the view before rebalancing."""
+        with their heartbeats, so a short wait suffices to learn the view before rebalancing.
+        A heartbeat the broker does not take is tried again next round, as in `run` (a member
+        exited when its connection was reset as it started): its lease says what it may do."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
         self.own_lease.start()
-        await self._beat()
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await self._beat()
         await asyncio.sleep(min(2 * self.interval, JOIN_LISTEN_SECONDS))
-        await self.tick()
+        with contextlib.suppress(BrokerError, TimeoutError):
+            await self.tick()
         log.info("member %s joined; members %s", self.member, self._members())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Heartbeat and rebalance every interval, in step with the other members (cadence.py),
-        or at once when woken, until `stop` is set."""
+        at a peer's lease end, or at once when woken, until `stop` is set."""
         while not stop.is_set():
-            await wait_next(self.interval, self._wake)
+            due = self._clock() + self.next_round_in()
+            await wait_until(due - self._clock(), self._wake)
             self._wake.clear()
             if stop.is_set():
                 return
+            self._note_lateness(self._clock() - due)
             try:
                 await self.tick()
             except (BrokerError, TimeoutError):
@@ -158,6 +171,34 @@ class Coordinator:
                 if cancel_requested():
                     raise
                 log.warning("member %s: a broker call was cancelled under it", self.member)
+
+    def _note_lateness(self, late: float) -> None:
+        """Warn when rounds run an interval or more late: heartbeats then go out late too,
+        and a process blocked for most of a lease fences itself (or is evicted) while alive."""
+        self.worst_late = max(self.worst_late, late)
+        now = self._clock()
+        if self.worst_late < self.interval or now - self._late_told < LATE_LOG_SECONDS:
+            return
+        log.warning(
+            "member %s: a heartbeat round ran %.2fs late (the process was blocked or starved"
+            " of CPU); the lease tolerates %.2fs without a heartbeat",
+            self.member,
+            self.worst_late,
+            self.own_lease.terms.lease - self.own_lease.terms.margin,
+        )
+        self.worst_late, self._late_told = 0.0, now
+
+    def next_round_in(self) -> float:
+        """Seconds until the next round: the next multiple of the interval (cadence.py), or
+        less when a peer's lease lapses sooner, so a crashed member is evicted as its lease
+        ends, not up to a heartbeat later. A lapse already due waits for a round anyway (the
+        view was stale)."""
+        cadence = until_next(self.interval)
+        due = self.view.next_expiry()
+        if due is None:
+            return cadence
+        left = due + EXPIRY_SLACK - self._clock()
+        return cadence if left <= 0 else min(cadence, left)
 
     async def leave(self) -> None:
         """Announce leaving: the others take this member's queues as it releases them."""

@@ -44,6 +44,12 @@ class MembershipView:
         gone = [m for m, seen in self._seen.items() if now - seen.at > self.lease + self.margin]
         return [self._seen.pop(member).heartbeat for member in gone]
 
+    def next_expiry(self) -> float | None:
+        """When the first current lease lapses (margin included); None with nobody seen."""
+        if not self._seen:
+            return None
+        return min(seen.at for seen in self._seen.values()) + self.lease + self.margin
+
     def members(self) -> list[str]:
         """Members that can be given queues: current lease and not stalled, sorted."""
         return sorted(

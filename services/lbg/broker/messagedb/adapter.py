@@ -71,8 +71,19 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 """
 
 
+# What a refused connection means here: every client holds a connection per queue.
+TOO_MANY_CONNECTIONS = (
+    "PostgreSQL's max_connections is reached: every lbg-client holds one connection per queue"
+    " (its advisory lock) and up to 6 more, so a group needs about clients x (QC + 6); raise"
+    " max_connections, or run fewer queues or clients"
+)
+
+
 def _reason(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".strip(": ").split())
+    reason = " ".join(f"{type(exc).__name__}: {exc}".strip(": ").split())
+    if isinstance(exc, asyncpg.TooManyConnectionsError):
+        return f"{reason} ({TOO_MANY_CONNECTIONS})"
+    return reason
 
 
 def public_dsn(url: str) -> str:

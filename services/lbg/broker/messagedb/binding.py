@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import orjson
 
-from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener
+from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener, why
 from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
@@ -248,9 +248,9 @@ class MessageDbBinding(LoopBinding):
 
     async def _failed(self, exc: Exception) -> float:
         if self._active:
-            self._lose(f"connection lost: {exc or type(exc).__name__}")
+            self._lose(f"connection lost: {why(exc)}")
         else:
-            log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+            log.warning("queue %d: %s", self.queue, why(exc))
         self._holding = False
         return self._poll * STANDBY_FACTOR
 

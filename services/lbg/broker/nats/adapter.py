@@ -51,6 +51,7 @@ from lbg.broker.base import (
     StateListener,
     UndeliverableEvent,
     needs_upgrade,
+    why,
 )
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
@@ -317,7 +318,7 @@ class NatsBroker(Broker):
                 self._nc, configs, name, queue_count, publish, events_stream(name), consumer_config
             )
         except (JetStreamError, jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
-            reason = exc or type(exc).__name__
+            reason = why(exc)
             raise BrokerError(f"cannot resize group '{name}': {reason}") from None
 
     async def _add_stream(self, created: list[str], config: StreamConfig) -> None:
@@ -339,7 +340,7 @@ class NatsBroker(Broker):
             reason = self._events.refusal(key) or "no answer in time"
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         except NatsError as exc:  # no responders while JetStream (re)starts, a closing connection
-            reason = exc or type(exc).__name__
+            reason = why(exc)
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         try:
             return GroupConfig.from_json(entry.value or b"")
@@ -359,14 +360,23 @@ class NatsBroker(Broker):
         return groups
 
     async def upgrade_group(self, name: str, config: GroupConfig) -> list[str]:
-        """The owners bucket, if missing (it is shared by every group); the client user's
-        rights on it come from the rendered permissions (permissions.py), to apply again."""
+        """What an older release's group lacks: the owners bucket (shared by every group; the
+        client user's rights on it come from the rendered permissions, to apply again), and
+        the events stream's consumer limit (without one the server caps the stream at its
+        default, which a resize of a large group, two generations of queues, runs into)."""
+        added = []
         try:
             await self._bucket(OWNERS_BUCKET, create=False)
-            return []
         except BucketNotFoundError:
             await self._bucket(OWNERS_BUCKET, replicas=config.replicas)
-            return [f"KV bucket '{OWNERS_BUCKET}'"]
+            added.append(f"KV bucket '{OWNERS_BUCKET}'")
+        stream = (await self._js.stream_info(events_stream(name))).config
+        limit = consumer_limit(config)
+        if (stream.max_consumers or -1) < limit:
+            stream.max_consumers = limit
+            await self._js.update_stream(stream)
+            added.append(f"stream '{stream.name}' max_consumers {limit}")
+        return added
 
     async def delete_group(self, name: str) -> None:
         await self.read_group(name)
@@ -537,7 +547,7 @@ class NatsBroker(Broker):
         try:
             await self._nc.publish(control_subject(group), body)
         except NatsError as exc:
-            raise BrokerError(f"heartbeat not sent: {exc or type(exc).__name__}") from None
+            raise BrokerError(f"heartbeat not sent: {why(exc)}") from None
 
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]

@@ -19,7 +19,7 @@ from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundErro
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
-from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot
+from lbg.broker.base import BrokerError, ParkedEvent, ParkingLot, why
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.model.messages import MalformedMessage
 from lbg.model.parking import key_of, token
@@ -75,7 +75,7 @@ class NatsParkingLot(ParkingLot):
 
     def _failed(self, what: str, subject: str, exc: Exception) -> BrokerError:
         """One line: what failed, and why (the server's refusal if it refused this user)."""
-        return BrokerError(f"{what}: {self._refusal(subject) or exc or type(exc).__name__}")
+        return BrokerError(f"{what}: {self._refusal(subject) or why(exc)}")
 
     async def _registry(self) -> KeyValue:
         if self._kv is None:

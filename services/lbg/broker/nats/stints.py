@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 
 from lbg.aio import cancel_and_wait, cancel_requested
-from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener
+from lbg.broker.base import BrokerError, Delivery, QueueBinding, StateListener, why
 from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.binding import FindEnd, NatsQueueBinding
 from lbg.broker.nats.histories import HistoryFeed
@@ -248,7 +248,7 @@ class StintBinding(QueueBinding):
                 log.warning("queue %d: stints: a broker call was cancelled under it", self.queue)
                 await asyncio.sleep(REFRESH_SECONDS)
             except Exception as exc:
-                log.warning("queue %d: stints: %s", self.queue, exc or type(exc).__name__)
+                log.warning("queue %d: stints: %s", self.queue, why(exc))
                 await asyncio.sleep(REFRESH_SECONDS)
                 continue
             if settled:

@@ -40,6 +40,7 @@ from lbg.broker.base import (
     Resize,
     StateListener,
     UndeliverableEvent,
+    why,
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
@@ -345,7 +346,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         except TimeoutError:
             raise PublishError(f"no confirm for '{key}' in time") from None
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
-            raise PublishError(f"'{key}' not confirmed: {exc or type(exc).__name__}") from None
+            raise PublishError(f"'{key}' not confirmed: {why(exc)}") from None
 
     async def bind(
         self,
@@ -396,7 +397,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
                 CONTROL_TIMEOUT,
             )
         except (AMQPError, ChannelInvalidStateError, ConnectionError, TimeoutError) as exc:
-            raise BrokerError(f"heartbeat not sent: {exc or type(exc).__name__}") from None
+            raise BrokerError(f"heartbeat not sent: {why(exc)}") from None
 
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
@@ -470,7 +471,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
                         yield OutputMessage(kind, message.body, headers, _sent_at(headers))
             except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
                 # E.g. a stream not ready yet after a broker restart (INTERNAL_ERROR).
-                log.warning("output stream of group '%s': %s", group, exc or type(exc).__name__)
+                log.warning("output stream of group '%s': %s", group, why(exc))
                 await asyncio.sleep(RECONSUME_SECONDS)
             log.info("output stream of group '%s': resuming at offset %s", group, offset)
 

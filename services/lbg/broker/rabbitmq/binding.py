@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.broker.base import Delivery, LoopBinding, StateListener
+from lbg.broker.base import Delivery, LoopBinding, StateListener, why
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class RabbitQueueBinding(LoopBinding):
         try:
             await message.ack()
         except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
-            self._lose(f"ack failed: {exc or type(exc).__name__}")
+            self._lose(f"ack failed: {why(exc)}")
             return False
         return True
 
@@ -171,7 +171,7 @@ class RabbitQueueBinding(LoopBinding):
             log.debug("queue %d: left the line (channel closed)", self.queue)
 
     async def _failed(self, exc: Exception) -> float:
-        log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
+        log.warning("queue %d: %s", self.queue, why(exc))
         await self._leave_line()
         await asyncio.sleep(self._poll)
         return 0.0
@@ -264,7 +264,7 @@ class RabbitQueueBinding(LoopBinding):
             owner_epoch = await self._claim(stint.tag) if self._claim is not None else 0
         except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
             if self._stint is stint and self._epoch == epoch:
-                self._lose(f"cannot claim the ownership epoch: {exc or type(exc).__name__}")
+                self._lose(f"cannot claim the ownership epoch: {why(exc)}")
             return
         if self._stint is not stint or self._epoch != epoch:
             return

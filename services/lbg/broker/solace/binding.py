@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener
+from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener, why
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ class SolaceQueueBinding(EpochBinding):
             owner_epoch = await self._claim(f"{self._client_id}/{self.queue}/{stint}")
         except Exception as exc:
             if self._stint == stint and self._epoch == epoch:
-                self.fence(f"cannot claim the ownership epoch: {exc or type(exc).__name__}")
+                self.fence(f"cannot claim the ownership epoch: {why(exc)}")
             return
         if self._stint != stint or self._epoch != epoch:
             return
