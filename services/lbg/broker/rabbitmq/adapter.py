@@ -62,6 +62,8 @@ POLL_SECONDS = 0.25
 CONTROL_TIMEOUT = 1.0
 RECONSUME_SECONDS = 1.0
 TICK_SECONDS = 0.1
+# The channels that publish with confirms: events and records; epoch claims and parked keys.
+CONFIRMED = ("publish", "claims")
 # RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
@@ -197,10 +199,12 @@ class RabbitBroker(RabbitProvisioning, Broker):
         return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
 
     async def _channel(self, purpose: str) -> AbstractChannel:
-        """A long-lived channel per purpose (publish, control, probe), reopened when closed."""
+        """A long-lived channel per purpose (publish, claims, control, probe), reopened when
+        closed; the two that publish with confirms are apart so that a takeover's epoch
+        claim does not queue behind the records the member is publishing meanwhile."""
         channel = self._channels.get(purpose)
         if channel is None or channel.is_closed:
-            channel = await self._open_channel(confirms=purpose == "publish")
+            channel = await self._open_channel(confirms=purpose in CONFIRMED)
             self._channels[purpose] = channel
             self._exchanges = {k: v for k, v in self._exchanges.items() if k[0] != purpose}
         return channel
@@ -359,6 +363,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
         name = topology.queue_name(group, queue)
         await self._count_consumers(name)
         await self._claims.prepare(group)
+        for purpose in CONFIRMED:  # open now: a takeover's claim and first record need them
+            await self._channel(purpose)
 
         async def claim(tag: str) -> int:
             record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
@@ -382,7 +388,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
     async def _publish_claim(
         self, exchange_name: str, key: str, body: bytes, headers: dict[str, str]
     ) -> None:
-        exchange = await self._exchange("publish", exchange_name)
+        exchange = await self._exchange("claims", exchange_name)
         message = aio_pika.Message(
             body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
         )
