@@ -1,6 +1,6 @@
 """RabbitMQ only: a member opens the channels a takeover needs (the epoch claim's, the
-records') when it binds, so its first takeover waits for no channel to open (issue 19: each
-opening is a broker round trip, tenths of a second on a loaded node, in the handover pause)."""
+records') while it starts, so its first takeover waits for no channel to open (issue 19: each
+opening is two broker round trips, tenths of a second on a loaded node, in the handover)."""
 
 import asyncio
 import os
@@ -34,7 +34,7 @@ async def channels_opened_by_a_takeover(endpoint: BrokerEndpoint) -> tuple[int, 
     try:
         binding = await broker.bind(group, config, 0, "member")
         for _ in range(100):
-            if binding.waiting:
+            if binding.waiting and broker._warming is not None and broker._warming.done():
                 break
             await asyncio.sleep(0.05)
         opened = 0
