@@ -94,35 +94,3 @@ def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
         await binding.close()
 
     asyncio.run(steps())
-
-
-def test_a_standby_tells_its_coordinator_once_it_stands_in_the_line_and_once_it_left() -> None:
-    """Its coordinator beats at once on either (issue 19): an owner hands a queue over only
-    once the heartbeats show its new owner in the line and nobody else there."""
-    told: list[tuple[int, bool]] = []
-
-    async def open_channel() -> FakeChannel:
-        return FakeChannel()
-
-    async def count_consumers(_queue: str) -> int:
-        return 1
-
-    async def steps() -> None:
-        binding = RabbitQueueBinding(
-            3, "q3", "tag", open_channel, count_consumers, True, 60.0, lambda: 0.0, 60.0,
-            preferred=False,
-        )  # fmt: skip
-        binding.set_coordinated()
-        binding.watch_line(lambda queue: told.append((queue, binding.waiting)))
-        await asyncio.sleep(5 * POLL)
-        assert told == [], "a standby not preferred stays out of the line, and says nothing"
-        binding.set_preferred(True)
-        await asyncio.sleep(5 * POLL)
-        assert told == [(3, True)], "told once it waits in the line, well before its poll"
-        binding.set_preferred(False)
-        binding.step_out()
-        await asyncio.sleep(5 * POLL)
-        assert told == [(3, True), (3, False)], "told once it has left the line"
-        await binding.close()
-
-    asyncio.run(steps())

@@ -236,12 +236,6 @@ class QueueBinding(abc.ABC):
         than look for them by itself (where looking costs the broker something)."""
         return None  # by default a standby looks as it would anyway
 
-    def watch_line(self, listener: Callable[[int], None]) -> None:
-        """Call `listener(queue)` each time this binding has joined or left the queue's line
-        (where the broker keeps one), so its coordinator says so at once rather than at its
-        next round: a planned handover waits for exactly that. By default never called."""
-        return None
-
     @abc.abstractmethod
     def suspend(self, suspended: bool) -> None:
         """Stop (True) or resume (False) asking for messages at all, e.g. while stalled."""

@@ -206,7 +206,6 @@ class LbgClient:
         )
         if self._coordinator.coordinates():
             self._bindings[queue].set_coordinated()
-            self._bindings[queue].watch_line(self._coordinator.line_changed)
         self._workers.append(
             asyncio.create_task(self._work(self._bindings[queue]), name=f"worker-{queue}")
         )

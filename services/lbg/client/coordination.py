@@ -92,10 +92,6 @@ class GroupCoordinator(Protocol):
         """The queue's binding became active or stopped being so."""
         ...
 
-    def line_changed(self, queue: int) -> None:
-        """The queue's binding joined or left the queue's line (QueueBinding.watch_line)."""
-        ...
-
     async def serve(self, stop: asyncio.Event) -> None:
         """Steer the bindings until `stop` is set, then start handing the queues over."""
         ...
@@ -135,9 +131,6 @@ class StaticCoordinator:
         return True
 
     def changed(self, queue: int) -> None:
-        return None
-
-    def line_changed(self, queue: int) -> None:
         return None
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -209,10 +202,6 @@ class DynamicCoordinator:
 
     def changed(self, queue: int) -> None:
         self._steering.changed(queue)
-
-    def line_changed(self, queue: int) -> None:
-        self._steering.changed(queue)
-        self.membership.line_changed()
 
     async def serve(self, stop: asyncio.Event) -> None:
         membership, role = self.membership, self._role

@@ -171,12 +171,6 @@ class Coordinator:
         self.rebalance()
         self._wake.set()
 
-    def line_changed(self) -> None:
-        """A binding here joined or left a queue's line: beat now, not at the next interval,
-        since an owner releases a queue once the heartbeats show its new owner in the line
-        and nobody else there (see _ready)."""
-        self._wake.set()
-
     def _hear_generation(self, generation: int) -> None:
         """Someone runs (or cg-admin stored) a newer config: the client should read it."""
         if generation > self.generation and self._on_newer_generation is not None:

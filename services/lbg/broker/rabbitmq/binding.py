@@ -11,8 +11,6 @@ has no consumer at all, and step out of the line again while someone else is the
 released queue goes to its preferred client. A dynamic member keeps each queue's next owner
 preferred (its standby, who gets the queue the moment its owner's connection drops); one no
 longer preferred steps out of a held queue's line when its coordinator says so (step_out).
-Either way its coordinator hears of it at once (watch_line) and beats: a planned handover
-waits for the heartbeats to show the new owner alone in the line.
 
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
@@ -100,7 +98,6 @@ class RabbitQueueBinding(LoopBinding):
         self._stints = 0
         self._coordinated = False
         self._next_look = 0.0
-        self._line_listener: Callable[[int], None] | None = None
         self._start(f"consume-{queue_name}")
 
     @property
@@ -128,13 +125,6 @@ class RabbitQueueBinding(LoopBinding):
     def set_coordinated(self) -> None:
         self._coordinated = True
         self._next_look = time.monotonic() + COORDINATED_LOOK_SECONDS
-
-    def watch_line(self, listener: Callable[[int], None]) -> None:
-        self._line_listener = listener
-
-    def _line_changed(self) -> None:
-        if self._line_listener is not None:
-            self._line_listener(self.queue)
 
     async def pinned_by(self) -> str | None:
         """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
@@ -174,14 +164,11 @@ class RabbitQueueBinding(LoopBinding):
         self._wake.set()
 
     async def _leave_line(self) -> None:
-        waited = self.waiting
         stint, self._stint = self._stint, None
         if stint is not None and not stint.channel.is_closed:
             with contextlib.suppress(Exception):
                 await stint.channel.close()
             log.debug("queue %d: left the line (channel closed)", self.queue)
-        if waited:
-            self._line_changed()
 
     async def _failed(self, exc: Exception) -> float:
         log.warning("queue %d: %s", self.queue, exc or type(exc).__name__)
@@ -270,8 +257,6 @@ class RabbitQueueBinding(LoopBinding):
                 self._buffer.put_nowait(delivery)
 
         await queue.consume(on_message, consumer_tag=stint.tag)
-        if self.waiting:
-            self._line_changed()
 
     async def _claim_for(self, stint: _Stint, epoch: int) -> None:
         """Claim the stint's ownership epoch, then release what it held back, tagged."""
