@@ -63,6 +63,8 @@ POLL_SECONDS = 0.25
 CONTROL_TIMEOUT = 1.0
 RECONSUME_SECONDS = 1.0
 TICK_SECONDS = 0.1
+# The channels that publish with confirms: events and records; epoch claims and parked keys.
+CONFIRMED = ("publish", "claims")
 # RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
@@ -96,6 +98,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._connection: AbstractConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._channels: dict[str, AbstractChannel] = {}
+        self._channel_locks: dict[str, asyncio.Lock] = {}
+        self._warming: asyncio.Task[None] | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
         self._prefixes: dict[str, str] = {}
         self._management: ManagementApi | None = None
@@ -122,6 +126,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
     async def close(self) -> None:
         self._closing = True
         await cancel_and_wait(self._ticker)
+        if self._warming is not None:
+            await cancel_and_wait(self._warming)
         await self._claims.close()
         for lot in self._parking.values():
             await lot.close()
@@ -198,13 +204,27 @@ class RabbitBroker(RabbitProvisioning, Broker):
         return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
 
     async def _channel(self, purpose: str) -> AbstractChannel:
-        """A long-lived channel per purpose (publish, control, probe), reopened when closed."""
+        """A long-lived channel per purpose (publish, claims, control, probe), reopened when
+        closed; the two that publish with confirms are apart so that a takeover's epoch
+        claim does not queue behind the records the member is publishing meanwhile."""
         channel = self._channels.get(purpose)
-        if channel is None or channel.is_closed:
-            channel = await self._open_channel(confirms=purpose == "publish")
-            self._channels[purpose] = channel
-            self._exchanges = {k: v for k, v in self._exchanges.items() if k[0] != purpose}
+        if channel is not None and not channel.is_closed:
+            return channel
+        async with self._channel_locks.setdefault(purpose, asyncio.Lock()):
+            channel = self._channels.get(purpose)
+            if channel is None or channel.is_closed:
+                channel = await self._open_channel(confirms=purpose in CONFIRMED)
+                self._channels[purpose] = channel
+                self._exchanges = {k: v for k, v in self._exchanges.items() if k[0] != purpose}
         return channel
+
+    async def _warm_up(self) -> None:
+        """Open the channels a takeover needs (its epoch claim's, its records') while the
+        member starts, beside its other start-up round trips: opening one is two round trips
+        that a first takeover would otherwise wait for; a failure is left to their first use."""
+        for purpose in CONFIRMED:
+            with contextlib.suppress(AMQPError, ChannelInvalidStateError, ConnectionError):
+                await self._channel(purpose)
 
     async def _exchange(self, purpose: str, name: str) -> AbstractExchange:
         channel = await self._channel(purpose)
@@ -360,6 +380,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
         name = topology.queue_name(group, queue)
         await self._count_consumers(name)
         await self._claims.prepare(group)
+        if self._warming is None:
+            self._warming = asyncio.create_task(self._warm_up(), name="rabbitmq-warm-up")
 
         async def claim(tag: str) -> int:
             record = orjson.dumps({"queue": queue, "client": client_id, "tag": tag})
@@ -383,7 +405,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
     async def _publish_claim(
         self, exchange_name: str, key: str, body: bytes, headers: dict[str, str]
     ) -> None:
-        exchange = await self._exchange("publish", exchange_name)
+        exchange = await self._exchange("claims", exchange_name)
         message = aio_pika.Message(
             body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
         )
