@@ -68,7 +68,7 @@ CONFIRMED = ("publish", "claims")
 # RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
 SENT_AT_HEADER = "Lbg-Sent-At"
 _CONFIG_QUEUE = re.compile(r"^lbg\.([A-Za-z0-9_-]+)\.config$")
-_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size \d+", re.I)
+_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size (\d+)", re.I)
 
 
 def amqp_url(settings: BrokerSettings) -> URL:
@@ -360,9 +360,11 @@ class RabbitBroker(RabbitProvisioning, Broker):
             raise PublishError(f"exchange '{exchange_name}' does not exist") from None
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             too_large = _TOO_LARGE.search(str(exc))
-            if too_large:  # over the node's max_message_size: retrying cannot help
+            if too_large and len(body) > int(too_large.group(1)):
+                # Over the node's max_message_size: retrying cannot help.
                 raise UndeliverableEvent(f"'{key}' refused: {too_large.group(0)}") from None
-            raise PublishError(f"'{key}' not confirmed: {exc}") from None
+            # Or another message's refusal closed the channel this one was in flight on.
+            raise PublishError(f"'{key}' not confirmed: {why(exc)}") from None
         except TimeoutError:
             raise PublishError(f"no confirm for '{key}' in time") from None
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
