@@ -115,15 +115,21 @@ def test_a_waiting_binding_is_taken_as_waiting_between_reads_and_a_new_one_read_
     assert 5 not in steer.holdings(), "a silent change is seen within the waiting read"
 
 
-def test_a_binding_whose_wait_may_end_by_itself_is_read_every_round() -> None:
-    """Where a lost connection or consumer ends the wait (`steady_waiting` False: RabbitMQ's
-    line, for one), a waiting binding is read at every round as before."""
-    clock = Clock()
+def preferred_in_a_line(clock: Clock) -> tuple[dict[int, FakeBinding], BindingSteering]:
+    """Queue 0's binding, preferred, on a broker where a wait may end by itself (a line)."""
     bindings = {0: FakeBinding()}
     bindings[0].steady_waiting = False  # type: ignore[misc]
     steer = steering(bindings, clock)
     steer.holdings()
     steer.prefer_only([0])
+    return bindings, steer
+
+
+def test_a_binding_whose_wait_may_end_by_itself_is_read_every_round() -> None:
+    """Where a lost connection or consumer ends the wait (`steady_waiting` False: RabbitMQ's
+    line, for one), a waiting binding is read at every round as before."""
+    clock = Clock()
+    bindings, steer = preferred_in_a_line(clock)
     for _ in range(3):
         clock.now += 0.15
         assert steer.holdings() == {0: Holding(False, None, True)}
@@ -136,11 +142,7 @@ def test_a_binding_still_waiting_though_no_longer_preferred_is_read_every_round(
     """RabbitMQ's standby told to step out of a queue's line waits until its consumer is
     gone: it is read at every round while it does."""
     clock = Clock()
-    bindings = {0: FakeBinding()}
-    bindings[0].steady_waiting = False  # type: ignore[misc]
-    steer = steering(bindings, clock)
-    steer.holdings()
-    steer.prefer_only([0])
+    bindings, steer = preferred_in_a_line(clock)
     clock.now += 0.15
     steer.holdings()
     steer.prefer_only([])
