@@ -7,15 +7,18 @@ sends again as soon as its connection comes back from a server restart; and who 
 queue is known from the PINNED and UNPINNED advisories, not asked of the server."""
 
 import asyncio
+import contextlib
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client
 
 from lbg.broker import connect_broker
-from lbg.broker.base import BrokerError
+from lbg.broker.base import Broker, BrokerError
 from lbg.broker.nats.adapter import consumer_name, events_stream
 from lbg.broker.nats.direct import subscribe_direct
 from lbg.devstack.embedded import EmbeddedNats
@@ -35,21 +38,47 @@ async def until(condition, timeout: float, what: str) -> float:
     return time.monotonic() - started
 
 
-async def idle_queue(url: str, coordinated: bool) -> None:
-    group = f"idle{uuid.uuid4().hex[:6]}"
+@dataclass
+class Watched:
+    """A fresh one-queue group, a broker connection per member, and the JetStream API requests
+    to its consumer that the test counts (by kind, e.g. "MSG.NEXT": their reply subjects)."""
+
+    group: str
+    config: GroupConfig
+    admin: Broker
+    sides: list[Broker]
+    monitor: Client
+    calls: dict[str, list[str]]
+
+
+@contextlib.asynccontextmanager
+async def watched_group(url: str, prefix: str, members: tuple[str, ...], *kinds: str):
+    group = f"{prefix}{uuid.uuid4().hex[:6]}"
     settings = BrokerSettings(url=url)
     admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
     config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
     await admin.create_group(group, config)
-    owner_side = await connect_broker(settings, "owner", PRIORITY_TIMEOUT)
-    standby_side = await connect_broker(settings, "standby", PRIORITY_TIMEOUT)
+    sides = [await connect_broker(settings, name, PRIORITY_TIMEOUT) for name in members]
     monitor = await nats.connect(url)
-    api = f"{events_stream(group)}.{consumer_name(0)}"
-    pulls: list[str] = []
-    looks: list[str] = []
-    await monitor.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{api}", cb=_record(pulls))
-    await monitor.subscribe(f"$JS.API.CONSUMER.INFO.{api}", cb=_record(looks))
+    calls: dict[str, list[str]] = {kind: [] for kind in kinds}
+    consumer = f"{events_stream(group)}.{consumer_name(0)}"
+    for kind, seen in calls.items():
+        await monitor.subscribe(f"$JS.API.CONSUMER.{kind}.{consumer}", cb=_record(seen))
     try:
+        yield Watched(group, config, admin, sides, monitor, calls)
+    finally:
+        await monitor.close()
+        for broker in sides:
+            await broker.close()
+        await admin.delete_group(group)
+        await admin.close()
+
+
+async def idle_queue(url: str, coordinated: bool) -> None:
+    async with watched_group(url, "idle", ("owner", "standby"), "MSG.NEXT", "INFO") as w:
+        group, config, admin = w.group, w.config, w.admin
+        owner_side, standby_side = w.sides
+        pulls, looks = w.calls["MSG.NEXT"], w.calls["INFO"]
         owner = await owner_side.bind(group, config, 0, "owner", preferred=True)
         publisher = HashedPublisher(admin, group, config, "pub")
         await publisher.publish("k", b"{}")
@@ -78,12 +107,6 @@ async def idle_queue(url: str, coordinated: bool) -> None:
         assert taken < 2.5 * PRIORITY_TIMEOUT, f"takeover {taken:.2f} s after the owner went silent"
         await owner.close()
         await standby.close()
-    finally:
-        await monitor.close()
-        for broker in (owner_side, standby_side):
-            await broker.close()
-        await admin.delete_group(group)
-        await admin.close()
 
 
 def _record(into: list[str]):
@@ -101,17 +124,9 @@ def test_an_idle_owner_reuses_its_inbox_and_an_idle_standby_waits_for_the_unpin(
 
 
 async def waiting_queue(url: str) -> None:
-    group = f"wait{uuid.uuid4().hex[:6]}"
-    settings = BrokerSettings(url=url)
-    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
-    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
-    await admin.create_group(group, config)
-    sides = [await connect_broker(settings, n, PRIORITY_TIMEOUT) for n in ("first", "second")]
-    monitor = await nats.connect(url)
-    pulls: list[str] = []
-    api = f"{events_stream(group)}.{consumer_name(0)}"
-    await monitor.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{api}", cb=_record(pulls))
-    try:
+    async with watched_group(url, "wait", ("first", "second"), "MSG.NEXT") as w:
+        group, config, admin, sides = w.group, w.config, w.admin, w.sides
+        pulls = w.calls["MSG.NEXT"]
         first = await sides[0].bind(group, config, 0, "first", preferred=True)
         await asyncio.sleep(PRIORITY_TIMEOUT)
         pulls.clear()
@@ -129,12 +144,6 @@ async def waiting_queue(url: str) -> None:
         assert not first.active
         await first.close()
         await second.close()
-    finally:
-        await monitor.close()
-        for broker in sides:
-            await broker.close()
-        await admin.delete_group(group)
-        await admin.close()
 
 
 def test_a_waiting_standby_keeps_one_long_pull_and_ends_it_when_demoted(nats_url: str) -> None:
@@ -142,17 +151,9 @@ def test_a_waiting_standby_keeps_one_long_pull_and_ends_it_when_demoted(nats_url
 
 
 async def pins_heard(url: str) -> None:
-    group = f"pins{uuid.uuid4().hex[:6]}"
-    settings = BrokerSettings(url=url)
-    admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
-    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
-    await admin.create_group(group, config)
-    sides = [await connect_broker(settings, n, PRIORITY_TIMEOUT) for n in ("owner", "other")]
-    monitor = await nats.connect(url)
-    looks: list[str] = []
-    api = f"{events_stream(group)}.{consumer_name(0)}"
-    await monitor.subscribe(f"$JS.API.CONSUMER.INFO.{api}", cb=_record(looks))
-    try:
+    async with watched_group(url, "pins", ("owner", "other"), "INFO") as w:
+        group, config, admin, sides, monitor = w.group, w.config, w.admin, w.sides, w.monitor
+        looks = w.calls["INFO"]
         owner = await sides[0].bind(group, config, 0, "owner", preferred=True)
         other = await sides[1].bind(group, config, 0, "other", preferred=False)
         other.set_coordinated()
@@ -176,12 +177,6 @@ async def pins_heard(url: str) -> None:
         await monitor.flush()
         assert looks == [], "asked who holds a queue the server said it unpinned"
         await other.close()
-    finally:
-        await monitor.close()
-        for broker in sides:
-            await broker.close()
-        await admin.delete_group(group)
-        await admin.close()
 
 
 def test_who_holds_an_idle_queue_is_known_from_the_advisories(nats_url: str) -> None:
