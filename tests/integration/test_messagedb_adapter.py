@@ -1,5 +1,6 @@
 """The Message DB adapter's own guarantees, on a real PostgreSQL: one active reader per member
-(an advisory lock), positions recorded the Message DB way, standbys taking over."""
+(an advisory lock), positions recorded the Message DB way, standbys taking over, a client's
+locks on one connection of its own whatever its queue count."""
 
 import asyncio
 import uuid
@@ -11,6 +12,7 @@ import pytest
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
+from lbg.broker.messagedb.adapter import CLIENT_CONNECTIONS
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -35,10 +37,14 @@ async def _take(binding: QueueBinding, count: int) -> list[Delivery]:
     return [await asyncio.wait_for(binding.next(), 10) for _ in range(count)]
 
 
-def _run(url: str, scenario: Callable[[Broker, GroupConfig, str], Awaitable[None]]) -> None:
+def _run(
+    url: str,
+    scenario: Callable[[Broker, GroupConfig, str], Awaitable[None]],
+    shape: GroupConfig = CONFIG,
+) -> None:
     async def main() -> None:
         group = f"m{uuid.uuid4().hex[:10]}"
-        config = GroupConfig(group, CONFIG.hash_count, CONFIG.queue_count)
+        config = GroupConfig(group, shape.hash_count, shape.queue_count)
         admin = await _broker(url, "test-admin")
         await admin.create_group(group, config)
         try:
@@ -178,5 +184,92 @@ def test_an_event_published_again_is_stored_once(url: str) -> None:
         finally:
             await conn.close()
         assert count == 2
+
+    _run(url, scenario)
+
+
+async def _sql(url: str, query: str, *args: object) -> object:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval(query, *args)
+    finally:
+        await conn.close()
+
+
+def test_a_client_holds_a_few_connections_whatever_its_queue_count(url: str) -> None:
+    """QC 32: every member lock on one connection (each queue held its own before)."""
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        wide = await _broker(url, "wide")
+        try:
+            bindings = [
+                await wide.bind(group, config, q, "wide-client") for q in range(config.queue_count)
+            ]
+            await _until(lambda: all(b.active for b in bindings))
+            assert len({b.pin for b in bindings}) == 1, "the locks are not on one connection"
+            connections = await _sql(
+                url,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'wide%'",
+            )
+            assert connections <= CLIENT_CONNECTIONS, f"{connections} connections for QC 32"
+            for binding in bindings:
+                await binding.close()
+        finally:
+            await wide.close()
+
+    _run(url, scenario, GroupConfig("PREFIX", 64, 32))
+
+
+def test_a_client_whose_lock_connection_dies_stops_every_queue_before_another_takes_them(
+    url: str,
+) -> None:
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        bodies = {q: await _publish_to_queue(admin, config, q, 6) for q in (0, 1)}
+        first = await _broker(url, "first")
+        second = await _broker(url, "second")
+        changes: list[tuple[str, int, bool]] = []
+        try:
+            a = [
+                await first.bind(
+                    group,
+                    config,
+                    q,
+                    "client-a",
+                    on_change=lambda q, on: changes.append(("a", q, on)),
+                )
+                for q in (0, 1)
+            ]
+            await _until(lambda: all(b.active for b in a))
+            b = [
+                await second.bind(
+                    group,
+                    config,
+                    q,
+                    "client-b",
+                    on_change=lambda q, on: changes.append(("b", q, on)),
+                )
+                for q in (0, 1)
+            ]
+            held = [await _take(binding, 3) for binding in a]
+            for binding in a:
+                binding.set_preferred(False)
+            pin = a[0].pin
+            assert pin is not None
+            assert await _sql(url, "SELECT pg_terminate_backend($1)", int(pin))
+            await _until(lambda: not any(binding.active for binding in a), 2.0)
+            for binding, deliveries in zip(a, held, strict=True):
+                assert not await binding.ack(deliveries[0]), "a reader without its lock acked"
+            await _until(lambda: all(binding.active for binding in b))
+            stops = [i for i, (who, _, on) in enumerate(changes) if who == "a" and not on]
+            starts = [i for i, (who, _, on) in enumerate(changes) if who == "b" and on]
+            assert len(stops) == 2 and max(stops) < min(starts), changes
+            for q, binding in zip((0, 1), b, strict=True):
+                rest = await _take(binding, 6)
+                assert [d.body for d in rest] == bodies[q], "not replayed in order"
+            for binding in (*a, *b):
+                await binding.close()
+        finally:
+            await first.close()
+            await second.close()
 
     _run(url, scenario)

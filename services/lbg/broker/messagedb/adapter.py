@@ -2,9 +2,10 @@
 
 The publisher writes each event to its stream with `write_message`; queue q is consumer-group
 member q of size QC, read with `get_category_messages` by whoever holds the member's advisory
-lock (see binding.py); names and the member mapping are in naming.py, what a row holds in
-rows.py. A delivery's subject is its stream name, which gives the event's key. Heartbeats travel by
-LISTEN/NOTIFY; the group's config and output are streams of their own categories.
+lock (see binding.py; a client takes all its locks on one connection, locks.py); names and
+the member mapping are in naming.py, what a row holds in rows.py. A delivery's subject is its
+stream name, which gives the event's key. Heartbeats travel by LISTEN/NOTIFY; the group's
+config and output are streams of their own categories.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
+from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -53,6 +55,7 @@ TICK_SECONDS = 0.1
 STALL_LIMIT = 1.0
 OUTPUT_BATCH = 1000
 SEARCH_PATH = "message_store,public"
+LOCKS_SUFFIX = "/locks"
 DB_ERRORS = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -71,11 +74,17 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 """
 
 
-# What a refused connection means here: every client holds a connection per queue.
+# A client's connections whatever its queue count: the pool, the readers' pool, the lock
+# connection, heartbeats out and in.
+POOL_SIZE = 4
+READERS_SIZE = 4
+CLIENT_CONNECTIONS = POOL_SIZE + READERS_SIZE + 3
+# What a refused connection means here.
 TOO_MANY_CONNECTIONS = (
-    "PostgreSQL's max_connections is reached: every lbg-client holds one connection per queue"
-    " (its advisory lock) and up to 6 more, so a group needs about clients x (QC + 6); raise"
-    " max_connections, or run fewer queues or clients"
+    "PostgreSQL's max_connections is reached: every lbg-client holds up to"
+    f" {CLIENT_CONNECTIONS} connections whatever its queue count (its pools, its lock"
+    f" connection, heartbeats), so a group needs about clients x {CLIENT_CONNECTIONS} plus"
+    " cg-admin's and the publishers'; raise max_connections, or run fewer clients"
 )
 
 
@@ -115,6 +124,8 @@ class MessageDbBroker(Broker):
         self._timeout = settings.connect_timeout
         self._name = name
         self._pool: asyncpg.Pool | None = None
+        self._readers: asyncpg.Pool | None = None
+        self._locks: dict[str, MemberLocks] = {}
         self._configs: dict[str, GroupConfig] = {}
         self._control: asyncpg.Connection | None = None
         self._lost = False
@@ -128,7 +139,7 @@ class MessageDbBroker(Broker):
         try:
             # min_size 0: no background reconnects that log tracebacks while the server is down.
             broker._pool = await asyncpg.create_pool(
-                min_size=0, max_size=4, **broker._connect_args(name)
+                min_size=0, max_size=POOL_SIZE, **broker._connect_args(name)
             )
             await broker._pool.execute("SELECT 1")
         except (*DB_ERRORS, ValueError) as exc:
@@ -159,9 +170,12 @@ class MessageDbBroker(Broker):
         if self._control is not None:
             with contextlib.suppress(Exception):
                 await self._control.close(timeout=2)
-        if self._pool is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.close(), 5)
+        for locks in self._locks.values():
+            await locks.close()
+        for pool in (self._readers, self._pool):
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pool.close(), 5)
 
     async def _tick(self) -> None:
         """Notes the time every tick: a gap means this process was paused (SIGSTOP, swap)."""
@@ -411,13 +425,23 @@ class MessageDbBroker(Broker):
             raise BrokerError(f"group '{group}': {exc}") from None
         if not 0 <= queue < config.queue_count:
             raise BrokerError(f"group '{group}' has no queue {queue}")
+        if self._readers is None:
+            try:
+                self._readers = await asyncpg.create_pool(
+                    min_size=0, max_size=READERS_SIZE, **self._connect_args(f"{self._name}/read")
+                )
+            except (*DB_ERRORS, ValueError) as exc:
+                raise BrokerError(f"group '{group}': cannot read: {_reason(exc)}") from None
+        if client_id not in self._locks:
+            app_name = f"{client_id}{LOCKS_SUFFIX}"
+            self._locks[client_id] = MemberLocks(lambda: self._connect(app_name))
         return MessageDbBinding(
             queue,
             group,
             config.hash_prefix,
             naming.source_category(config),
-            f"{client_id}/q{queue}",
-            self._connect,
+            self._locks[client_id],
+            self._readers,
             poll_seconds=POLL_SECONDS,
             paused_for=self._paused_for,
             stall_limit=STALL_LIMIT,
@@ -529,10 +553,10 @@ class MessageDbBroker(Broker):
 
 
 def _client_of(application_name: str | None) -> str | None:
-    """The client id in a reader's application name `<client>/q<N>`."""
+    """The client id in a lock connection's application name `<client>/locks`."""
     if not application_name:
         return None
-    return application_name.rpartition("/q")[0] or application_name
+    return application_name.removesuffix(LOCKS_SUFFIX) or application_name
 
 
 def _parse_config(name: str, data: str) -> GroupConfig:

@@ -1,9 +1,11 @@
 """A consumer-group member on Message DB, made exclusive by a PostgreSQL session advisory lock.
 
 Message DB lets any number of readers read a member; here only the holder of the member's
-advisory lock does. The lock lives on the binding's own connection, so the server frees it
-the moment that connection dies (a crashed reader), and the position writes go through the
-same connection: a reader that lost the lock cannot record a position any more.
+advisory lock does. The lock lives on the client's lock connection (locks.py), so the server
+frees it the moment that connection dies (a crashed client), and the position writes go
+through the same connection: a reader that lost the lock cannot record a position any more.
+Reads go through the client's shared reader pool, and their rows are handed out only while
+the lock is still held.
 
 The holder reads `get_category_messages(category, position + 1, ..., member, size)` (the
 group's own category, or the existing one it was created over) in global position order, hands
@@ -26,18 +28,18 @@ on two slower checks in a row, so a released member goes to its primary.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import asyncpg
 import orjson
 
 from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener, why
 from lbg.broker.messagedb import generations
+from lbg.broker.messagedb.locks import LOST, Hold, MemberLocks
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
 from lbg.model.generations import Generation, members_for
@@ -52,7 +54,6 @@ STANDBY_CHECKS = 2
 STANDBY_FACTOR = 3
 CLOSE_SECONDS = 5.0
 
-Connect = Callable[[str], Awaitable[asyncpg.Connection]]
 DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
 HOLDER_SQL = """
@@ -74,8 +75,8 @@ class MessageDbBinding(LoopBinding):
         group: str,
         hash_prefix: str,
         category: str,
-        app_name: str,
-        connect: Connect,
+        locks: MemberLocks,
+        db: asyncpg.Pool,
         poll_seconds: float,
         paused_for: Callable[[], float],
         stall_limit: float,
@@ -86,30 +87,28 @@ class MessageDbBinding(LoopBinding):
         self._group = group
         self._hash_prefix = hash_prefix
         self._category = category
-        self._app_name = app_name
-        self._connect = connect
+        self._locks = locks
+        self._db = db
         self._poll = poll_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
-        self._conn: asyncpg.Connection | None = None
-        self._conn_lock = asyncio.Lock()
         self._generations: list[Generation] = []
         self._refreshed = 0.0
         self._floor = 0
         self._ready: set[int] = set()
         self._stint: tuple[Generation, int] | None = None
-        self._holding = False
-        self._pid: int | None = None
+        self._hold: Hold | None = None
         self._next = 1
         self._owner_epoch = 0
         self._positions = Positions()
         self._last_flush = 0.0
         self._free_seen = 0
-        self._start(f"messagedb-{app_name}")
+        self._start(f"messagedb-{group}/q{queue}")
 
     @property
     def pin(self) -> str | None:
-        return str(self._pid) if self._active and self._pid is not None else None
+        pid = self._locks.pid
+        return str(pid) if self._active and pid is not None else None
 
     @property
     def waiting(self) -> bool:
@@ -122,19 +121,18 @@ class MessageDbBinding(LoopBinding):
 
     async def pinned_by(self) -> str | None:
         try:
-            async with self._conn_lock:
-                pid = await self._holder(await self._connection())
+            pid = await self._holder()
         except DB_ERRORS as exc:
             raise BrokerError(f"queue {self.queue}: cannot tell who holds it: {exc}") from None
         return None if pid is None else str(pid)
 
     async def evict(self, pin: str) -> bool:
-        """Terminate the holder's backend: the server then frees its lock at once."""
-        if not pin.isdigit():
+        """Terminate the holder's backend: the server then frees its locks at once (every
+        member that client held: its locks share that connection)."""
+        if not pin.isdigit() or int(pin) == self._locks.pid:
             return False
         try:
-            async with self._conn_lock:
-                conn = await self._connection()
+            async with self._db.acquire() as conn:
                 if await self._holder(conn) != int(pin):
                     return False
                 terminated = bool(await conn.fetchval("SELECT pg_terminate_backend($1)", int(pin)))
@@ -158,13 +156,6 @@ class MessageDbBinding(LoopBinding):
             self._wake.set()
         return True
 
-    async def close(self) -> None:
-        await super().close()
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close(timeout=2)
-
     # -- ownership ---------------------------------------------------------------------------
 
     def _lose(self, reason: str) -> None:
@@ -175,17 +166,10 @@ class MessageDbBinding(LoopBinding):
         self._set_active(False, reason)
         self._wake.set()
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            if self._active:
-                self._lose("connection to the database lost (the member lock with it)")
-            self._holding = False
-            reconnect = self._conn is not None
-            self._conn = await self._connect(self._app_name)
-            self._pid = self._conn.get_server_pid()
-            if reconnect:
-                log.info("queue %d: reconnected to the broker", self.queue)
-        return self._conn
+    def _lock_lost(self, reason: str) -> None:
+        """The lock connection closed under this binding's lock (locks.py)."""
+        if self._active:
+            self._lose(reason)
 
     def _keys(self) -> tuple[int, int]:
         """The lock of the current stint, else of this queue's member now."""
@@ -195,8 +179,8 @@ class MessageDbBinding(LoopBinding):
         index = self._generations[-1].index if self._generations else 0
         return generations.lock_keys(self._hash_prefix, self.queue, index)
 
-    async def _holder(self, conn: asyncpg.Connection) -> int | None:
-        return await conn.fetchval(HOLDER_SQL, *self._keys())
+    async def _holder(self, conn: asyncpg.Connection | asyncpg.Pool | None = None) -> int | None:
+        return await (conn or self._db).fetchval(HOLDER_SQL, *self._keys())
 
     async def _give_up(self, reason: str) -> None:
         self._lose(reason)
@@ -204,16 +188,13 @@ class MessageDbBinding(LoopBinding):
 
     async def _unlock(self) -> None:
         """Record the acked position, then free the lock (the next reader starts there)."""
-        async with self._conn_lock:
-            if not self._holding or self._conn is None or self._conn.is_closed():
-                self._holding = False
-                return
+        hold, self._hold = self._hold, None
+        if hold is not None:
             with contextlib.suppress(*DB_ERRORS):
-                await self._record(self._conn)
-                await self._conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
-            self._holding = False
+                await self._locks.release(hold, self._record)
 
     async def _record(self, conn: asyncpg.Connection) -> None:
+        """Write the position due, on the lock connection (called through the locks)."""
         position = self._positions.due()
         if position is not None and self._stint is not None:
             generation, member = self._stint
@@ -251,31 +232,29 @@ class MessageDbBinding(LoopBinding):
             self._lose(f"connection lost: {why(exc)}")
         else:
             log.warning("queue %d: %s", self.queue, why(exc))
-        self._holding = False
+        await self._unlock()
         return self._poll * STANDBY_FACTOR
 
     async def _step(self) -> float:
         """One round: give up, take the lock, or read; returns how long to wait after it."""
-        if not self._running.is_set() or (self._holding and not self._active):
+        if not self._running.is_set() or (self._hold is not None and not self._active):
             await self._unlock()
             if not self._running.is_set():
                 await self._running.wait()
             return 0.0
-        async with self._conn_lock:
-            conn = await self._connection()
-            if time.monotonic() - self._refreshed >= REFRESH_SECONDS or not self._generations:
-                await self._refresh(conn)
-            if not self._holding:
-                return await self._take(conn)
-            if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-                await self._record(conn)
-            if self._positions.outstanding >= MAX_OUTSTANDING:
-                return self._poll
-            return await self._read(conn)
+        if time.monotonic() - self._refreshed >= REFRESH_SECONDS or not self._generations:
+            await self._refresh()
+        if self._hold is None:
+            return await self._take()
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            await self._locks.run(self._hold, self._record)
+        if self._positions.outstanding >= MAX_OUTSTANDING:
+            return self._poll
+        return await self._read(self._hold)
 
-    async def _refresh(self, conn: asyncpg.Connection) -> None:
+    async def _refresh(self) -> None:
         """Reload the group's generations (a resize may have ended the current one)."""
-        self._generations = await generations.load(conn, self._group)
+        self._generations = await generations.load(self._db, self._group)
         self._refreshed = time.monotonic()
         if self._stint is not None:
             self._stint = (self._generations[self._stint[0].index], self._stint[1])
@@ -284,14 +263,14 @@ class MessageDbBinding(LoopBinding):
         """The members this queue reads in a generation (model/generations.py)."""
         return members_for(self.queue, generation, self._generations[-1].size)
 
-    async def _next_stint(self, conn: asyncpg.Connection) -> tuple[Generation, int] | None:
+    async def _next_stint(self) -> tuple[Generation, int] | None:
         """The first stint of this queue not drained yet, from the lowest generation on."""
         for generation in self._generations[self._floor :]:
             pending = [
                 member
                 for member in self._members(generation)
                 if not await generations.drained(
-                    conn, self._hash_prefix, self._category, member, generation
+                    self._db, self._hash_prefix, self._category, member, generation
                 )
             ]
             if pending:
@@ -300,57 +279,60 @@ class MessageDbBinding(LoopBinding):
                 self._floor += 1
         return None
 
-    async def _safe_to_start(self, conn: asyncpg.Connection, generation: Generation) -> bool:
+    async def _safe_to_start(self, generation: Generation) -> bool:
         """Every member of the generation before this one is drained (the safe point)."""
         if generation.index == 0 or generation.index in self._ready:
             return True
         before = self._generations[generation.index - 1]
         for member in range(before.size):
             if not await generations.drained(
-                conn, self._hash_prefix, self._category, member, before
+                self._db, self._hash_prefix, self._category, member, before
             ):
                 return False
         self._ready.add(generation.index)
         return True
 
-    async def _take(self, conn: asyncpg.Connection) -> float:
-        stint = await self._next_stint(conn)
-        if stint is None or not await self._safe_to_start(conn, stint[0]):
+    async def _take(self) -> float:
+        stint = await self._next_stint()
+        if stint is None or not await self._safe_to_start(stint[0]):
             self._stint = None
             return self._poll * STANDBY_FACTOR
         self._stint = stint
         if not self._preferred:
-            if await self._holder(conn) is not None:
+            if await self._holder() is not None:
                 self._free_seen = 0
                 return self._poll * STANDBY_FACTOR
             self._free_seen += 1
             if self._free_seen < STANDBY_CHECKS:
                 return self._poll * STANDBY_FACTOR
-        if not await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", *self._keys()):
+        hold = await self._locks.try_lock(self._keys(), self._lock_lost)
+        if hold is None:
             return self._poll
-        self._holding = True
+        self._hold = hold
+        self._positions.start(self._positions.recorded)  # nothing of an earlier stint is due
         self._free_seen = 0
-        await self._refresh(conn)
+        await self._refresh()
         generation, member = self._stint
-        if await generations.drained(conn, self._hash_prefix, self._category, member, generation):
-            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
-            self._holding = False
+        if await generations.drained(
+            self._db, self._hash_prefix, self._category, member, generation
+        ):
+            await self._unlock()
             self._stint = None
             return 0.0
         self._positions.start(
-            await generations.recorded(conn, self._hash_prefix, member, generation)
+            await generations.recorded(self._db, self._hash_prefix, member, generation)
         )
-        self._owner_epoch = await self._claim(conn)
+        self._owner_epoch = await self._locks.run(hold, self._claim)
         self._next = self._positions.done + 1
         self._last_flush = time.monotonic()
         where = f"member {member} of {generation.size}, from position {self._next}"
         self._set_active(True, f"holds the member lock ({where})")
         return 0.0
 
-    async def _read(self, conn: asyncpg.Connection) -> float:
+    async def _read(self, hold: Hold) -> float:
         assert self._stint is not None
         epoch = self._epoch
-        rows = await conn.fetch(
+        rows = await self._db.fetch(
             f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
             self._category,
             self._next,
@@ -360,7 +342,9 @@ class MessageDbBinding(LoopBinding):
         )
         if rows and self._stint[0].end is None:
             # A resize committed before any of these rows was written: cut them at its switch.
-            await self._refresh(conn)
+            await self._refresh()
+        if not self._locks.holds(hold):
+            self._lock_lost(LOST)
         if epoch != self._epoch or not self._active:
             return 0.0
         generation, member = self._stint
@@ -391,9 +375,8 @@ class MessageDbBinding(LoopBinding):
             # Nothing at or below the switch position can appear any more: all of it was read.
             self._next = max(self._next, end + 1)
         if end is not None and self._positions.all_acked:
-            await self._record(conn)
-            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *self._keys())
-            self._holding = False
+            await self._locks.run(hold, self._record)
+            await self._unlock()
             self._stint = None
             self._lose(
                 f"member {member} of {generation.size} drained up to position {end} "
