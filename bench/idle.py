@@ -37,6 +37,7 @@ from measure import (
     cpu_seconds,
     run_per_broker,
     table,
+    tree_cpu_seconds,
 )
 
 JOINED = "member {} joined"
@@ -124,12 +125,12 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float
         await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
         await asyncio.sleep(3.0)
         before = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
-        broker_before = cpu_seconds(run.pid) if run.pid else None
+        broker_before = tree_cpu_seconds(run.pid) if run.pid else None
         bytes_before, started = control_bytes, time.monotonic()
         await asyncio.sleep(window)
         elapsed = time.monotonic() - started
         after = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
-        broker_after = cpu_seconds(run.pid) if run.pid else None
+        broker_after = tree_cpu_seconds(run.pid) if run.pid else None
         result: dict[str, Any] = {
             "queues": size.queues,
             "clients": size.clients,

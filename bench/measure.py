@@ -53,6 +53,20 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a live process and of its live children: a PostgreSQL's work is done by
+    the postmaster's backends, one per connection. None if the process is gone."""
+    total = cpu_seconds(pid)
+    if total is None:
+        return None
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
+
+
 def own_cpu_seconds() -> float:
     """CPU time of this process (the validator and the polling), all threads."""
     times = os.times()
