@@ -42,6 +42,7 @@ from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
+from lbg.broker.messagedb.shared import Shared
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import check_key, event_digest
@@ -126,6 +127,7 @@ class MessageDbBroker(Broker):
         self._pool: asyncpg.Pool | None = None
         self._readers: asyncpg.Pool | None = None
         self._locks: dict[str, MemberLocks] = {}
+        self._shared: dict[tuple[str, str], Shared] = {}
         self._configs: dict[str, GroupConfig] = {}
         self._control: asyncpg.Connection | None = None
         self._lost = False
@@ -435,13 +437,21 @@ class MessageDbBroker(Broker):
         if client_id not in self._locks:
             app_name = f"{client_id}{LOCKS_SUFFIX}"
             self._locks[client_id] = MemberLocks(lambda: self._connect(app_name))
+        category = naming.source_category(config)
+        if (client_id, group) not in self._shared:
+            self._shared[client_id, group] = Shared(
+                self._locks[client_id],
+                self._readers,
+                group,
+                category,
+                naming.lock_keys(config.hash_prefix, 0)[0],
+            )
         return MessageDbBinding(
             queue,
             group,
             config.hash_prefix,
-            naming.source_category(config),
-            self._locks[client_id],
-            self._readers,
+            category,
+            self._shared[client_id, group],
             poll_seconds=POLL_SECONDS,
             paused_for=self._paused_for,
             stall_limit=STALL_LIMIT,

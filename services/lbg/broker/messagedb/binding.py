@@ -4,8 +4,9 @@ Message DB lets any number of readers read a member; here only the holder of the
 advisory lock does. The lock lives on the client's lock connection (locks.py), so the server
 frees it the moment that connection dies (a crashed client), and the position writes go
 through the same connection: a reader that lost the lock cannot record a position any more.
-Reads go through the client's shared reader pool, and their rows are handed out only while
-the lock is still held.
+Reads go through the client's shared reader pool (shared.py), and their rows are handed out
+only while the lock is still held; what every binding of the client would ask each poll (the
+generations, who holds a member, whether the category has anything new) is asked once for all.
 
 The holder reads `get_category_messages(category, position + 1, ..., member, size)` (the
 group's own category, or the existing one it was created over) in global position order, hands
@@ -39,9 +40,10 @@ import orjson
 
 from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener, why
 from lbg.broker.messagedb import generations
-from lbg.broker.messagedb.locks import LOST, Hold, MemberLocks
+from lbg.broker.messagedb.locks import LOST, Hold
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
+from lbg.broker.messagedb.shared import Shared
 from lbg.model.generations import Generation, members_for
 
 log = logging.getLogger(__name__)
@@ -75,8 +77,7 @@ class MessageDbBinding(LoopBinding):
         group: str,
         hash_prefix: str,
         category: str,
-        locks: MemberLocks,
-        db: asyncpg.Pool,
+        shared: Shared,
         poll_seconds: float,
         paused_for: Callable[[], float],
         stall_limit: float,
@@ -87,8 +88,9 @@ class MessageDbBinding(LoopBinding):
         self._group = group
         self._hash_prefix = hash_prefix
         self._category = category
-        self._locks = locks
-        self._db = db
+        self._shared = shared
+        self._locks = shared.locks
+        self._db = shared.db
         self._poll = poll_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
@@ -121,7 +123,7 @@ class MessageDbBinding(LoopBinding):
 
     async def pinned_by(self) -> str | None:
         try:
-            pid = await self._holder()
+            pid = await self._shared_holder()
         except DB_ERRORS as exc:
             raise BrokerError(f"queue {self.queue}: cannot tell who holds it: {exc}") from None
         return None if pid is None else str(pid)
@@ -179,8 +181,13 @@ class MessageDbBinding(LoopBinding):
         index = self._generations[-1].index if self._generations else 0
         return generations.lock_keys(self._hash_prefix, self.queue, index)
 
-    async def _holder(self, conn: asyncpg.Connection | asyncpg.Pool | None = None) -> int | None:
-        return await (conn or self._db).fetchval(HOLDER_SQL, *self._keys())
+    async def _holder(self, conn: asyncpg.Connection) -> int | None:
+        return await conn.fetchval(HOLDER_SQL, *self._keys())
+
+    async def _shared_holder(self) -> int | None:
+        """Who holds the member's lock, from the client's shared look at most a poll old."""
+        holders = await self._shared.holders.get(time.monotonic() - self._poll)
+        return holders.get(self._keys()[1])
 
     async def _give_up(self, reason: str) -> None:
         self._lose(reason)
@@ -252,10 +259,13 @@ class MessageDbBinding(LoopBinding):
             return self._poll
         return await self._read(self._hold)
 
-    async def _refresh(self) -> None:
-        """Reload the group's generations (a resize may have ended the current one)."""
-        self._generations = await generations.load(self._db, self._group)
-        self._refreshed = time.monotonic()
+    async def _refresh(self, now: bool = False) -> None:
+        """Reload the group's generations (a resize may have ended the current one): `now`
+        for a read that starts after this call, else one at most REFRESH_SECONDS old."""
+        asked = time.monotonic()
+        since = asked if now else asked - REFRESH_SECONDS
+        self._generations = await self._shared.generations.get(since)
+        self._refreshed = asked
         if self._stint is not None:
             self._stint = (self._generations[self._stint[0].index], self._stint[1])
 
@@ -299,7 +309,7 @@ class MessageDbBinding(LoopBinding):
             return self._poll * STANDBY_FACTOR
         self._stint = stint
         if not self._preferred:
-            if await self._holder() is not None:
+            if await self._shared_holder() is not None:
                 self._free_seen = 0
                 return self._poll * STANDBY_FACTOR
             self._free_seen += 1
@@ -311,7 +321,7 @@ class MessageDbBinding(LoopBinding):
         self._hold = hold
         self._positions.start(self._positions.recorded)  # nothing of an earlier stint is due
         self._free_seen = 0
-        await self._refresh()
+        await self._refresh(now=True)
         generation, member = self._stint
         if await generations.drained(
             self._db, self._hash_prefix, self._category, member, generation
@@ -331,6 +341,10 @@ class MessageDbBinding(LoopBinding):
 
     async def _read(self, hold: Hold) -> float:
         assert self._stint is not None
+        if self._stint[0].end is None:
+            head = await self._shared.head.get(time.monotonic() - self._poll)
+            if head < self._next:
+                return self._poll  # nothing new in the category (asked once for the client)
         epoch = self._epoch
         rows = await self._db.fetch(
             f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",
@@ -342,7 +356,7 @@ class MessageDbBinding(LoopBinding):
         )
         if rows and self._stint[0].end is None:
             # A resize committed before any of these rows was written: cut them at its switch.
-            await self._refresh()
+            await self._refresh(now=True)
         if not self._locks.holds(hold):
             self._lock_lost(LOST)
         if epoch != self._epoch or not self._active:
