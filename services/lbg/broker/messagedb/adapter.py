@@ -172,6 +172,8 @@ class MessageDbBroker(Broker):
         if self._control is not None:
             with contextlib.suppress(Exception):
                 await self._control.close(timeout=2)
+        for shared in self._shared.values():
+            await shared.close()
         for locks in self._locks.values():
             await locks.close()
         for pool in (self._readers, self._pool):
@@ -445,6 +447,7 @@ class MessageDbBroker(Broker):
                 group,
                 category,
                 naming.lock_keys(config.hash_prefix, 0)[0],
+                POLL_SECONDS,
             )
         return MessageDbBinding(
             queue,

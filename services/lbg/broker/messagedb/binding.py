@@ -55,6 +55,9 @@ REFRESH_SECONDS = 1.0
 STANDBY_CHECKS = 2
 STANDBY_FACTOR = 3
 CLOSE_SECONDS = 5.0
+# A coordinated standby that is not preferred looks at its member's lock this seldom: its
+# coordinator makes another member preferred when one goes (as on RabbitMQ).
+COORDINATED_LOOK_SECONDS = 30.0
 
 DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
@@ -105,6 +108,7 @@ class MessageDbBinding(LoopBinding):
         self._positions = Positions()
         self._last_flush = 0.0
         self._free_seen = 0
+        self._coordinated = False
         self._start(f"messagedb-{group}/q{queue}")
 
     @property
@@ -115,6 +119,9 @@ class MessageDbBinding(LoopBinding):
     @property
     def waiting(self) -> bool:
         return self._preferred and not self._active and self._running.is_set() and not self._closed
+
+    def set_coordinated(self) -> None:
+        self._coordinated = True
 
     def set_preferred(self, preferred: bool) -> None:
         if preferred != self._preferred:
@@ -163,6 +170,7 @@ class MessageDbBinding(LoopBinding):
     def _lose(self, reason: str) -> None:
         """Stop owning the member now: nothing delivered so far is processed or acked; the
         loop records what was acked before and frees the lock."""
+        self._shared.forget(self._wake)
         self._new_epoch()
         self._positions.forget_unacked()
         self._set_active(False, reason)
@@ -311,7 +319,9 @@ class MessageDbBinding(LoopBinding):
         if not self._preferred:
             if await self._shared_holder() is not None:
                 self._free_seen = 0
-                return self._poll * STANDBY_FACTOR
+                return (
+                    COORDINATED_LOOK_SECONDS if self._coordinated else self._poll * STANDBY_FACTOR
+                )
             self._free_seen += 1
             if self._free_seen < STANDBY_CHECKS:
                 return self._poll * STANDBY_FACTOR
@@ -344,7 +354,11 @@ class MessageDbBinding(LoopBinding):
         if self._stint[0].end is None:
             head = await self._shared.head.get(time.monotonic() - self._poll)
             if head < self._next:
-                return self._poll  # nothing new in the category (asked once for the client)
+                # Nothing new in the category: the client's one watcher wakes this loop,
+                # and so does the next flush while anything is left to record.
+                self._shared.wake_past(self._next, self._wake)
+                settled = not self._positions.outstanding and self._positions.due() is None
+                return REFRESH_SECONDS if settled else FLUSH_SECONDS
         epoch = self._epoch
         rows = await self._db.fetch(
             f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",

@@ -1,0 +1,63 @@
+"""The reads a Message DB client's bindings share (shared.Fresh): one read serves every caller
+that can take it, and a caller that must see what was committed before it asked never gets a
+read that started earlier."""
+
+import asyncio
+import time
+
+from lbg.broker.messagedb.shared import Fresh
+
+
+class Source:
+    """Counts its reads; each read returns its number after a short pause."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.fail = False
+
+    async def read(self) -> int:
+        self.reads += 1
+        number = self.reads
+        await asyncio.sleep(0.01)
+        if self.fail:
+            raise ConnectionError("down")
+        return number
+
+
+def test_callers_at_once_share_one_read() -> None:
+    async def scenario() -> None:
+        source = Source()
+        fresh = Fresh(source.read)
+        since = time.monotonic()
+        assert await asyncio.gather(*(fresh.get(since) for _ in range(50))) == [1] * 50
+        assert source.reads == 1
+        assert await fresh.get(since) == 1  # young enough: no read
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_asking_for_now_gets_a_read_started_after_it_asked() -> None:
+    async def scenario() -> None:
+        source = Source()
+        fresh = Fresh(source.read)
+        early = asyncio.create_task(fresh.get(time.monotonic()))
+        await asyncio.sleep(0.002)  # the first read is under way
+        assert await fresh.get(time.monotonic()) == 2
+        assert await early == 1
+        assert await fresh.get(0.0) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_read_reaches_every_caller_and_the_next_call_reads_again() -> None:
+    async def scenario() -> None:
+        source = Source()
+        fresh = Fresh(source.read)
+        source.fail = True
+        since = time.monotonic()
+        results = await asyncio.gather(fresh.get(since), fresh.get(since), return_exceptions=True)
+        assert all(isinstance(r, ConnectionError) for r in results)
+        source.fail = False
+        assert await fresh.get(since) == 2
+
+    asyncio.run(scenario())
