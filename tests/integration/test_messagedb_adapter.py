@@ -273,3 +273,24 @@ def test_a_client_whose_lock_connection_dies_stops_every_queue_before_another_ta
             await second.close()
 
     _run(url, scenario)
+
+
+def test_two_bindings_of_one_client_never_both_hold_a_member(url: str) -> None:
+    """Session locks are reentrant: on the client's one lock connection a second taking of the
+    same member would succeed (as a queue draining an old member and its successor might)."""
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        client = await _broker(url, "twice")
+        try:
+            pair = [await client.bind(group, config, 1, "client-a") for _ in range(2)]
+            await _until(lambda: any(b.active for b in pair))
+            await asyncio.sleep(0.5)
+            assert sum(b.active for b in pair) == 1
+            holder, other = sorted(pair, key=lambda b: not b.active)
+            await holder.close()
+            await _until(lambda: other.active)
+            await other.close()
+        finally:
+            await client.close()
+
+    _run(url, scenario)

@@ -35,9 +35,10 @@ class LockLost(ConnectionError):
     """The hold's connection is gone, and its lock with it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Hold:
-    """A member lock taken on the lock connection of one session (connection) number."""
+    """A member lock taken on the lock connection of one session (connection) number; each
+    taking is a hold of its own (compared by identity)."""
 
     keys: Keys
     session: int
@@ -51,7 +52,7 @@ class MemberLocks:
         self._conn: asyncpg.Connection | None = None
         self._session = 0
         self._mutex = asyncio.Lock()
-        self._held: dict[Keys, Lost] = {}
+        self._held: dict[Keys, tuple[Hold, Lost]] = {}
 
     @property
     def pid(self) -> int | None:
@@ -60,11 +61,13 @@ class MemberLocks:
         return None if conn is None or conn.is_closed() else conn.get_server_pid()
 
     def holds(self, hold: Hold) -> bool:
-        """Whether the lock of `hold` is still held (its connection has not closed)."""
+        """Whether the lock of `hold` is still held (not released, its connection open)."""
         conn = self._conn
+        held = self._held.get(hold.keys)
         return (
-            hold.session == self._session
-            and hold.keys in self._held
+            held is not None
+            and held[0] is hold
+            and hold.session == self._session
             and conn is not None
             and not conn.is_closed()
         )
@@ -86,7 +89,7 @@ class MemberLocks:
     def _lost(self) -> None:
         """Every lock went with the connection: tell each holder at once."""
         held, self._held = self._held, {}
-        for lost in held.values():
+        for _, lost in held.values():
             lost(LOST)
 
     async def try_lock(self, keys: Keys, lost: Lost) -> Hold | None:
@@ -98,8 +101,9 @@ class MemberLocks:
             conn = await self._connection()
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", *keys):
                 return None
-            self._held[keys] = lost
-            return Hold(keys, self._session)
+            hold = Hold(keys, self._session)
+            self._held[keys] = (hold, lost)
+            return hold
 
     async def run(self, hold: Hold, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """`work` on the lock connection, only while `hold`'s lock is held (else LockLost)."""
