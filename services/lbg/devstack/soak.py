@@ -13,10 +13,11 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lbg.broker import connect_broker
+from lbg.devstack.alarms import EVICTED, SELF_FENCED, LeaseAlarm, lease_alarms
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.devstack.chaos import (
     Action,
@@ -25,6 +26,7 @@ from lbg.devstack.chaos import (
     FaultRecord,
     choose_action,
     duplicate_cause,
+    false_alarms,
     tally,
 )
 from lbg.devstack.demo import Timeline
@@ -67,6 +69,9 @@ class SoakResult:
     tracebacks: dict[str, int]
     drained: bool
     validator_error: str | None = None
+    # Live members the lease took for dead (no fault of the soak explains them): a lease too
+    # short for the machine's load; they cost handovers and duplicates, not the verdict.
+    false_alarms: dict[str, int] = field(default_factory=lambda: {EVICTED: 0, SELF_FENCED: 0})
 
     @property
     def ok(self) -> bool:
@@ -83,6 +88,10 @@ class SoakResult:
         lines += [f"  {cause:<22}{count}" for cause, count in self.duplicate_causes.items()]
         if not self.duplicate_causes:
             lines.append("  (none)")
+        lines.append(
+            "live members evicted / self-fenced (no fault explains them): "
+            f"{self.false_alarms[EVICTED]} / {self.false_alarms[SELF_FENCED]}"
+        )
         for name, count in self.tracebacks.items():
             lines.append(f"traceback in {name}.log: {count}")
         if self.validator_error:
@@ -235,6 +244,9 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         await asyncio.to_thread(local.stop_all)
         await broker.close()
     fault_counts = tally([record.fault.value for record in faults])
+    unexplained = false_alarms(_alarms(local), faults, options.stop_seconds)
+    for alarm in unexplained:
+        timeline.say(f"false alarm: {alarm.member} {alarm.kind} while it ran")
     return SoakResult(
         report=validator.report(),
         faults=dict(fault_counts),
@@ -242,6 +254,9 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         tracebacks=_tracebacks(local),
         drained=drained,
         validator_error=validator_error,
+        false_alarms={
+            kind: sum(a.kind == kind for a in unexplained) for kind in (EVICTED, SELF_FENCED)
+        },
     )
 
 
@@ -255,6 +270,17 @@ async def _drain(
             return True
         timeline.say(f"    {validator.progress_line()}")
     return validator.complete
+
+
+def _alarms(local: LocalDeployment) -> list[LeaseAlarm]:
+    """Every eviction and self-fence the clients logged, on the monotonic clock of the faults."""
+    offset = time.time() - time.monotonic()
+    return [
+        replace(alarm, at=alarm.at - offset)
+        for name, daemon in local.daemons.items()
+        if name.startswith("client-")
+        for alarm in lease_alarms(daemon.log_path)
+    ]
 
 
 def _tracebacks(local: LocalDeployment) -> dict[str, int]:
