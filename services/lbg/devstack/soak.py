@@ -57,6 +57,8 @@ class SoakOptions:
     broker_restart: bool = True
     seed: int = 0
     drain_stall: float = 60.0
+    # Given to every client, e.g. ("--config", "fast-failover.toml").
+    client_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -103,8 +105,9 @@ class SoakResult:
 class _Pool:
     """The soak's client processes: which are live, which are stopped, and their names."""
 
-    def __init__(self, local: LocalDeployment) -> None:
+    def __init__(self, local: LocalDeployment, client_args: tuple[str, ...]) -> None:
         self.local = local
+        self.client_args = client_args
         self.live: list[str] = []
         self.stopped: set[str] = set()
         self._started = 0
@@ -113,7 +116,7 @@ class _Pool:
         return f"client-{self._started}"
 
     def start(self, name: str) -> None:
-        self.local.start(name, "lbg-client", "--id", name)
+        self.local.start(name, "lbg-client", "--id", name, *self.client_args)
         self.live.append(name)
         self._started = max(self._started, int(name.rsplit("-", 1)[1]) + 1)
 
@@ -145,7 +148,7 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         BrokerSettings(url=endpoint.url, admin_url=endpoint.admin_url), "lbg-soak"
     )
     local = LocalDeployment(endpoint.url, SOAK_GROUP, workdir)
-    pool = _Pool(local)
+    pool = _Pool(local, options.client_args)
     validator = Validator(on_observation=observed)
     stop_validator = asyncio.Event()
     validation: asyncio.Task[Report] | None = None
