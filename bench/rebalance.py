@@ -72,6 +72,8 @@ TARGET_JOIN_P99 = 1.0
 TARGET_CRASH_P99 = 1.0
 TARGET_PLANNED_P99 = 0.1
 TARGET_RATIO = 30.0
+# Machine CPU busy during the rounds from which the run's latencies are the machine's.
+SATURATED_PCT = 95.0
 
 
 @dataclass(frozen=True)
@@ -790,8 +792,21 @@ def summary_text(opts: Options, results: dict[str, dict[str, Any]]) -> str:
         "",
         *table(42, brokers, ["all"], [(label, cells(f)) for label, f in figures], 28),
     ]
+    lines.extend(saturation_notes(results))
     lines.extend(f"{kind}: FAILED: {r['error']}" for kind, r in results.items() if "error" in r)
     return "\n".join(lines)
+
+
+def saturation_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """A line for each broker whose rounds ran on a saturated machine: its latencies are then
+    the machine's (waiting for a CPU) as much as the group's."""
+    return [
+        f"{kind}: the machine was {busy:g} % busy during the rounds: every latency above includes"
+        " waiting for a CPU (a lower --rate shows the group's own)"
+        for kind, r in results.items()
+        if (busy := (r.get("dynamic") or {}).get("machine_busy_pct")) is not None
+        and busy >= SATURATED_PCT
+    ]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
