@@ -26,10 +26,17 @@ def test_evictions_and_self_fences_come_out_in_time_order(tmp_path: Path) -> Non
             "WARNING",
         )
         + line(t0 + 3, "member client-3 joined; members ['client-1', 'client-3']")
+        + line(
+            t0 + 4,
+            "member client-1: connection to the broker lost (its newest heartbeat that came"
+            " back was sent 0.12s ago); fencing its queues",
+            "WARNING",
+        )
     )
     assert lease_alarms(log) == [
         LeaseAlarm(SELF_FENCED, "client-1", t0 + 1.5),
         LeaseAlarm(EVICTED, "client-2", t0 + 2),
+        LeaseAlarm(SELF_FENCED, "client-1", t0 + 4),
     ]
 
 

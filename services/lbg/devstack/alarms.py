@@ -17,8 +17,9 @@ from pathlib import Path
 LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 # lbg.client.coordinator: "member <id> is gone (lease lapsed)", said by each peer that saw it.
 GONE_LINE = re.compile(r"member (\S+) is gone")
-# lbg.client.coordinator: "member <id>: own heartbeats lapsed (...); fencing its queues".
-FENCE_LINE = re.compile(r"member ([^\s:]+): .*lapsed.*fencing its queues")
+# lbg.client.coordinator: "member <id>: own heartbeats lapsed (...); fencing its queues", or
+# "member <id>: connection to the broker lost (...); fencing its queues".
+FENCE_LINE = re.compile(r"member ([^\s:]+): .*; fencing its queues")
 
 EVICTED = "evicted"
 SELF_FENCED = "self-fenced"
