@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.adapters import ADAPTERS
+from lbg.broker.presence import MemberPresence
 from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.model.group import GroupConfig
 
@@ -453,7 +454,7 @@ class LoopBinding(EpochBinding):
         await self._give_up("closed")
 
 
-class Broker(abc.ABC):
+class Broker(MemberPresence, abc.ABC):
     """Everything the daemons need from a broker: the group store, publishing, consuming."""
 
     # True where a group's queue count can change at run time (resize_group); the clients of
@@ -585,26 +586,6 @@ class Broker(abc.ABC):
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
         """Receive the group's control messages; returns a coroutine function that unsubscribes."""
-
-    async def announce_presence(self, group: str, member: str) -> bool:
-        """Let the group's other members ask whether this member's connection is still open
-        (`probe_member`), for as long as it is. True once the broker answered such a probe
-        for it (its heartbeats then say so); False where there is no such probe."""
-        return False
-
-    def on_connection_lost(self, listener: Callable[[], None]) -> None:
-        """Call `listener` whenever the connection to the broker drops (before any reconnect):
-        a member probed as gone must stop at once (model/lease.py, OwnLease.lapse)."""
-        return None
-
-    async def probe_member(self, group: str, member: str) -> bool | None:
-        """Whether the broker says `member`'s connection closed: True (gone: it can take and
-        ack nothing more), False (it answered), None (no answer in time, or no such probe).
-
-        True only where every control message the member sent before its connection closed
-        reached this member's control handler before the answer: a peer then knows the last
-        heartbeat the member sent, and so when the member stopped (model/lease.py)."""
-        return None
 
     def parking(self, group: str) -> ParkingLot:
         """The group's parking lot and parked-key registry."""

@@ -344,7 +344,6 @@ class MemoryStore:
                 except Exception:
                     log.exception("control handler of %s failed", other.client)
 
-
     def probe(self, connection: Connection, group: str, member: str) -> bool | None:
         """What a presence probe tells: True when no open connection answers for the member
         (control messages are relayed at once, so every one it sent was heard first), False

@@ -57,7 +57,7 @@ from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.connection import ConnectionLog, connect_nats
-from lbg.broker.nats.direct import is_direct, subscribe_direct
+from lbg.broker.nats.direct import subscribe_direct
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.histories import HistoryFeed
 from lbg.broker.nats.parking import (
@@ -66,7 +66,7 @@ from lbg.broker.nats.parking import (
     lot_stream_config,
     registry_bucket,
 )
-from lbg.broker.nats.presence import answer_probes, presence_subject, probe, probeable
+from lbg.broker.nats.presence import NatsPresence
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.broker.nats.stints import GroupStints, StintBinding
 from lbg.broker.nats.unpins import PinWatch
@@ -164,9 +164,7 @@ class NatsBroker(Broker):
         self._histories: dict[str, HistoryFeed] = {}
         self._histories_made = asyncio.Lock()
         self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
-        # Groups whose control messages reach their handler from the read loop, in order:
-        # only there does a presence probe's "gone" follow the member's last heartbeat.
-        self._heard_in_order: set[str] = set()
+        self._presence = NatsPresence(nc, CONTROL_PREFIX)
 
     @classmethod
     async def connect(
@@ -557,29 +555,17 @@ class NatsBroker(Broker):
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
         subscription = await subscribe_direct(self._nc, control_subject(group), handler)
-        if is_direct(subscription):
-            self._heard_in_order.add(group)
+        self._presence.control_subscribed(group, subscription)
         return subscription.unsubscribe
 
     async def announce_presence(self, group: str, member: str) -> bool:
-        if not probeable(member):
-            return False
-        subject = presence_subject(CONTROL_PREFIX, group, member)
-        try:
-            await answer_probes(self._nc, subject)
-        except NatsError as exc:
-            raise BrokerError(f"presence not announced: {why(exc)}") from None
-        # Only an answer proves the server took the subscription (an older group's client
-        # user may not subscribe there): a peer's probe would otherwise find nobody.
-        return await probe(self._nc, subject) is False
+        return await self._presence.announce(group, member)
+
+    async def probe_member(self, group: str, member: str) -> bool | None:
+        return await self._presence.ask(group, member)
 
     def on_connection_lost(self, listener: Callable[[], None]) -> None:
         self._events.on_disconnect.append(listener)
-
-    async def probe_member(self, group: str, member: str) -> bool | None:
-        if group not in self._heard_in_order or not probeable(member):
-            return None
-        return await probe(self._nc, presence_subject(CONTROL_PREFIX, group, member))
 
     def parking(self, group: str) -> ParkingLot:
         return NatsParkingLot(self._js, self._streams, group, self._events.refusal)

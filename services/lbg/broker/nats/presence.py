@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from lbg.broker.base import BrokerError, why
 from lbg.broker.nats.connection import SUBJECT_TOKEN
+from lbg.broker.nats.direct import is_direct
 
 # How long a probe waits for a live member's answer: past it, the member is taken as silent.
 PROBE_TIMEOUT = 0.5
@@ -55,3 +58,37 @@ async def probe(nc: Client, subject: str) -> bool | None:
     except (NatsTimeoutError, TimeoutError, NatsError):
         return None
     return False
+
+
+class NatsPresence:
+    """One connection's presence: answering for its members, asking about others."""
+
+    def __init__(self, nc: Client, control_prefix: str) -> None:
+        self._nc = nc
+        self._prefix = control_prefix
+        # Groups whose control messages reach their handler from the read loop, in order:
+        # only there does a probe's "gone" come after the member's last heartbeat.
+        self._heard_in_order: set[str] = set()
+
+    def control_subscribed(self, group: str, subscription: Subscription) -> None:
+        """The group's control messages now come through `subscription`."""
+        if is_direct(subscription):
+            self._heard_in_order.add(group)
+
+    async def announce(self, group: str, member: str) -> bool:
+        """Answer for `member`; True once an answer came back (only that proves the server
+        took the subscription: an older group's client user may not subscribe there)."""
+        if not probeable(member):
+            return False
+        subject = presence_subject(self._prefix, group, member)
+        try:
+            await answer_probes(self._nc, subject)
+        except NatsError as exc:
+            raise BrokerError(f"presence not announced: {why(exc)}") from None
+        return await probe(self._nc, subject) is False
+
+    async def ask(self, group: str, member: str) -> bool | None:
+        """Whether `member`'s connection closed (Broker.probe_member)."""
+        if group not in self._heard_in_order or not probeable(member):
+            return None
+        return await probe(self._nc, presence_subject(self._prefix, group, member))
