@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -38,6 +37,7 @@ import uvloop
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
+from lbg.devstack.alarms import EVICTED, LOG_TIME_FORMAT, SELF_FENCED, lease_alarms
 from lbg.devstack.deployment import Daemon
 from lbg.model.destinations import OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -58,8 +58,6 @@ from measure import (
 )
 
 POLL_SECONDS = 0.02
-GONE_LINE = re.compile(r"member (\S+) is gone")
-FENCE_LINE = re.compile(r"lapsed.*fencing its queues")
 START_TIMEOUT = 30.0
 JOIN_TIMEOUT = 15.0
 MOVE_TIMEOUT = 15.0
@@ -74,7 +72,8 @@ TARGET_JOIN_P99 = 1.0
 TARGET_CRASH_P99 = 1.0
 TARGET_PLANNED_P99 = 0.1
 TARGET_RATIO = 30.0
-LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
+# Machine CPU busy during the rounds from which the run's latencies are the machine's.
+SATURATED_PCT = 95.0
 
 
 @dataclass(frozen=True)
@@ -213,32 +212,23 @@ def log_times(path: Path, text: str, after: float = 0.0) -> list[float]:
     return times
 
 
-def log_lines(path: Path, pattern: re.Pattern[str]) -> list[tuple[float, re.Match[str]]]:
-    """(epoch time, match) of a daemon's log lines that `pattern` finds something in."""
-    found = []
-    if not path.exists():
-        return found
-    for line in path.read_text(errors="replace").splitlines():
-        if (match := pattern.search(line)) is None:
-            continue
-        with contextlib.suppress(ValueError):
-            found.append((datetime.strptime(line[:23], LOG_TIME_FORMAT).timestamp(), match))
-    return found
-
-
 def false_alarms(run: DynamicRun, logs: dict[str, Path]) -> dict[str, int]:
     """Live members a peer declared gone, and live members that fenced themselves: what a
     lease too short for the machine's load costs (a bench run cuts nobody off, so every
     such line is a false alarm; a member killed or stopped is gone only once it was)."""
     ended = {a.member: a.at for a in run.actions if a.kind in ("kill", "leave")}
-    members = [path for name, path in logs.items() if name.startswith("member-")]
-    evictions = sum(
-        at < ended.get(match[1], float("inf"))
-        for path in members
-        for at, match in log_lines(path, GONE_LINE)
-    )
-    fences = sum(len(log_lines(path, FENCE_LINE)) for path in members)
-    return {"evictions": evictions, "fences": fences}
+    alarms = [
+        alarm
+        for name, path in logs.items()
+        if name.startswith("member-")
+        for alarm in lease_alarms(path)
+    ]
+    return {
+        "evictions": sum(
+            a.kind == EVICTED and a.at < ended.get(a.member, float("inf")) for a in alarms
+        ),
+        "fences": sum(a.kind == SELF_FENCED for a in alarms),
+    }
 
 
 def first_log_time(paths: Iterable[Path], text: str, after: float = 0.0) -> float | None:
@@ -802,8 +792,21 @@ def summary_text(opts: Options, results: dict[str, dict[str, Any]]) -> str:
         "",
         *table(42, brokers, ["all"], [(label, cells(f)) for label, f in figures], 28),
     ]
+    lines.extend(saturation_notes(results))
     lines.extend(f"{kind}: FAILED: {r['error']}" for kind, r in results.items() if "error" in r)
     return "\n".join(lines)
+
+
+def saturation_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """A line for each broker whose rounds ran on a saturated machine: its latencies are then
+    the machine's (waiting for a CPU) as much as the group's."""
+    return [
+        f"{kind}: the machine was {busy:g} % busy during the rounds: every latency above includes"
+        " waiting for a CPU (a lower --rate shows the group's own)"
+        for kind, r in results.items()
+        if (busy := (r.get("dynamic") or {}).get("machine_busy_pct")) is not None
+        and busy >= SATURATED_PCT
+    ]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

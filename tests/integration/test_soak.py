@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from lbg.devstack.alarms import EVICTED, SELF_FENCED
 from lbg.devstack.chaos import Fault
 from lbg.devstack.deployment import script
 
@@ -39,3 +40,4 @@ def test_a_minute_of_chaos_loses_and_reorders_nothing(tmp_path: Path) -> None:
     assert sum(outcome["faults"].values()) >= SOAK_SECONDS / 5
     assert sum(outcome["duplicate_causes"].values()) == report["duplicates"]
     assert not outcome["tracebacks"]
+    assert set(outcome["false_alarms"]) == {EVICTED, SELF_FENCED}

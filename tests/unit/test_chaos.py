@@ -1,4 +1,5 @@
-"""lbg.devstack.chaos: the soak's fault choices keep the pool in bounds; duplicates get a cause."""
+"""lbg.devstack.chaos: the soak's fault choices keep the pool in bounds; duplicates get a cause;
+only lease alarms no fault explains count as false."""
 
 import random
 
@@ -6,7 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lbg.devstack.alarms import EVICTED, SELF_FENCED, LeaseAlarm
 from lbg.devstack.chaos import (
+    ALARM_GRACE,
+    BROKER_RESTART_GRACE,
     UNEXPLAINED,
     Action,
     ChaosPolicy,
@@ -14,8 +18,11 @@ from lbg.devstack.chaos import (
     FaultRecord,
     choose_action,
     duplicate_cause,
+    false_alarms,
     tally,
 )
+
+ALARM_KINDS = [EVICTED, SELF_FENCED]
 
 
 def live_after(live: list[str], action: Action) -> int:
@@ -91,3 +98,58 @@ def test_a_duplicate_with_no_fault_nearby_is_unexplained() -> None:
 
 def test_tally_counts_most_frequent_first() -> None:
     assert list(tally(["x", "y", "y", "z", "y", "x"]).items()) == [("y", 3), ("x", 2), ("z", 1)]
+
+
+def alarm(member: str, at: float, kind: str = EVICTED) -> LeaseAlarm:
+    return LeaseAlarm(kind, member, at)
+
+
+@given(kill_at=st.floats(0, 1e6), after=st.floats(0, 1e6), kind=st.sampled_from(ALARM_KINDS))
+def test_a_killed_member_is_gone_for_good(kill_at: float, after: float, kind: str) -> None:
+    faults = [FaultRecord(Fault.KILL, "client-1", kill_at)]
+    assert false_alarms([alarm("client-1", kill_at + after, kind)], faults, stop_seconds=3) == []
+
+
+@given(
+    faults=st.lists(
+        st.builds(
+            FaultRecord,
+            st.sampled_from([Fault.KILL, Fault.STOP, Fault.RESTART, Fault.START]),
+            st.sampled_from(["client-1", "client-2"]),
+            st.floats(0, 1000),
+        )
+    ),
+    at=st.floats(0, 1000),
+    kind=st.sampled_from(ALARM_KINDS),
+)
+def test_no_fault_of_another_member_explains_an_alarm(
+    faults: list[FaultRecord], at: float, kind: str
+) -> None:
+    lapsed = alarm("client-3", at, kind)
+    assert false_alarms([lapsed], faults, stop_seconds=3) == [lapsed]
+
+
+def test_a_stop_explains_its_members_alarms_until_shortly_after_it_wakes() -> None:
+    faults = [FaultRecord(Fault.STOP, "client-1", 100.0)]
+    during = alarm("client-1", 101.0)
+    woken = alarm("client-1", 103.0 + ALARM_GRACE - 0.1, SELF_FENCED)
+    later = alarm("client-1", 103.0 + ALARM_GRACE + 0.1)
+    before = alarm("client-1", 99.0)
+    assert false_alarms([during, woken, later, before], faults, stop_seconds=3) == [
+        later,
+        before,
+    ]
+
+
+def test_a_broker_restart_explains_anyones_alarm_for_a_while() -> None:
+    faults = [FaultRecord(Fault.BROKER_RESTART, None, 100.0)]
+    soon = alarm("client-1", 100.0 + BROKER_RESTART_GRACE - 1, SELF_FENCED)
+    late = alarm("client-2", 100.0 + BROKER_RESTART_GRACE + 1)
+    assert false_alarms([soon, late], faults, stop_seconds=3) == [late]
+
+
+def test_a_restart_explains_its_member_being_taken_for_gone_only_meanwhile() -> None:
+    faults = [FaultRecord(Fault.RESTART, "client-2", 50.0)]
+    meanwhile = alarm("client-2", 52.0)
+    long_after = alarm("client-2", 50.0 + ALARM_GRACE + 1)
+    assert false_alarms([meanwhile, long_after], faults, stop_seconds=3) == [long_after]

@@ -97,3 +97,15 @@ def test_connect_retry_zero_gives_up_after_one_attempt(
     assert attempts == ["nats://mq.example:4333"]
     assert result.exit_code == 1
     assert result.output.strip().endswith("cannot connect to nats://mq.example:4333")
+
+
+def test_a_bad_soak_client_config_is_refused_before_anything_starts(tmp_path) -> None:
+    config = tmp_path / "fast.toml"
+    config.write_text("[client]\nlease = -1\n")
+
+    result = CliRunner().invoke(lbg, ["soak", "--client-config", str(config)])
+
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1, result.output
+    assert f"error: --client-config: {config}: [client] lease: expected a number > 0" in lines[0]

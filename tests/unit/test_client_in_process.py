@@ -306,6 +306,59 @@ def test_a_crashed_members_queues_move_and_its_unacked_events_come_again_in_orde
     assert taken_by_a and taken_by_a <= again, "what a never acked came again, redelivered"
 
 
+def gone_lines(caplog: pytest.LogCaptureFixture, member: str) -> list[tuple[float, str]]:
+    """(time, why) of every peer's line saying `member` is gone."""
+    said = f"member {member} is gone ("
+    return [
+        (r.created, r.getMessage().split(said, 1)[1].rstrip(")"))
+        for r in caplog.records
+        if said in r.getMessage()
+    ]
+
+
+def test_a_crashed_member_is_gone_once_its_lease_could_have_ended_not_a_margin_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", "lbg.client.coordinator")
+    crashed_at = 0.0
+
+    async def scenario(group: Group) -> None:
+        nonlocal crashed_at
+        await group.join("a")
+        await group.join("b")
+        await group.balanced()
+        crashed_at = time.time()
+        await group.crash("a")
+        await until(lambda: bool(gone_lines(caplog, "a")))
+        await group.settle()
+
+    group = run(scenario, Group(STEADY))
+    group.check_in_order()
+    (at, why), *_ = gone_lines(caplog, "a")
+    assert why == "connection closed", "the broker said a's connection closed"
+    # Its lease could have ended lease - margin after its last heartbeat (at most an interval
+    # before the crash); waiting out the lease, b would say so lease + margin after it.
+    assert at - crashed_at < STEADY.lease + STEADY.lease_margin - STEADY.heartbeat_interval
+
+
+def test_a_cut_off_member_is_not_taken_for_crashed(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", "lbg.client.coordinator")
+
+    async def scenario(group: Group) -> None:
+        await group.join("a")
+        await group.join("b")
+        await group.balanced()
+        memory_store("inproc").partition("a")
+        await until(lambda: bool(gone_lines(caplog, "a")))
+        memory_store("inproc").partition("a", cut=False)
+        await group.settle()
+
+    group = run(scenario, Group(FAST))
+    group.check_in_order()
+    group.check_epochs()
+    assert {why for _, why in gone_lines(caplog, "a")} == {"lease lapsed"}
+
+
 def test_a_cut_off_member_processes_nothing_once_its_successor_started() -> None:
     async def scenario(group: Group) -> None:
         await group.join("a")

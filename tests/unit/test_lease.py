@@ -59,6 +59,34 @@ def test_a_late_echo_after_a_lapse_tells_the_caller_to_fence() -> None:
     assert lease.holds()
 
 
+def test_a_lost_connection_ends_the_lease_until_a_heartbeat_sent_after_it_comes_back() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    lease.echoed(lease.sent())
+    clock.now = 0.1
+    buffered = lease.sent()  # in the send buffer as the connection drops
+    clock.now = 0.15
+    lease.lapse()
+    assert not lease.holds(), "nothing is processed from the moment the connection is lost"
+    clock.now = 0.2
+    assert lease.echoed(buffered) is False, "flushed after the reconnect: it renews nothing"
+    assert not lease.holds()
+    fresh = lease.sent()
+    clock.now = 0.21
+    assert lease.echoed(fresh) is True, "the caller must fence what it held before"
+    assert lease.holds()
+
+
+@given(probe=st.booleans(), full=st.booleans())
+def test_a_heartbeat_says_whether_its_member_may_be_probed(probe: bool, full: bool) -> None:
+    heartbeat = Heartbeat(
+        "m-1", MemberState.ACTIVE, {2: "pin"}, frozenset({3}), 4, 5, 6, full, probe
+    )
+    decoded = Heartbeat.decode(heartbeat.encode())
+    assert decoded.probe is probe
+    assert decoded.filled_from(heartbeat).probe is probe
+
+
 def test_an_unknown_or_repeated_echo_changes_nothing() -> None:
     clock = Clock()
     lease = OwnLease(TERMS, clock)

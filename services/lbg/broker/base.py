@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from lbg.aio import cancel_and_wait, cancel_requested
 from lbg.broker.adapters import ADAPTERS
+from lbg.broker.presence import MemberPresence
 from lbg.model.destinations import Destination, EventAddress, OutputKind, parse_event_topic
 from lbg.model.group import GroupConfig
 
@@ -453,7 +454,7 @@ class LoopBinding(EpochBinding):
         await self._give_up("closed")
 
 
-class Broker(abc.ABC):
+class Broker(MemberPresence, abc.ABC):
     """Everything the daemons need from a broker: the group store, publishing, consuming."""
 
     # True where a group's queue count can change at run time (resize_group); the clients of

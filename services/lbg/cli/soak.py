@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 
 import click
 
-from lbg.cli.common import EXPECTED_ERRORS, fail, print_verdict, run_folder, workdir_option
+from lbg.cli.common import (
+    EXIT_USAGE,
+    EXPECTED_ERRORS,
+    fail,
+    print_verdict,
+    run_folder,
+    workdir_option,
+)
 from lbg.devstack.brokers import LOCAL_BROKERS
 
 
@@ -59,6 +67,13 @@ from lbg.devstack.brokers import LOCAL_BROKERS
     help="Never start more than this many clients.",
 )
 @click.option("--no-broker-restart", is_flag=True, help="Do not restart the broker halfway.")
+@click.option(
+    "--client-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A TOML file every client runs with (--config), e.g. to count the false alarms of"
+    " other [client] heartbeat_interval, lease and lease_margin values [default: the"
+    " built-in defaults].",
+)
 @click.option("--seed", type=int, help="Seed of the fault sequence, to replay a run.")
 @workdir_option
 @click.option(
@@ -76,6 +91,7 @@ def soak(
     min_clients: int,
     max_clients: int,
     no_broker_restart: bool,
+    client_config: str | None,
     seed: int | None,
     workdir: str | None,
     as_json: bool,
@@ -85,7 +101,8 @@ def soak(
 
     Ends with a drain and the validator's verdict; exits 1 unless nothing was lost or
     reordered, every event was accounted for and no daemon printed a traceback. Duplicates
-    are counted per cause (the fault that explains them).
+    are counted per cause (the fault that explains them), and so are the lease's false alarms
+    (live members evicted or fencing themselves with no fault to explain it).
     """
     import uvloop
 
@@ -93,11 +110,17 @@ def soak(
     from lbg.devstack.chaos import ChaosPolicy
     from lbg.devstack.embedded import BrokerStartError
     from lbg.devstack.soak import SoakOptions, run_soak
+    from lbg.settings import ClientConfig, ConfigError, load_config
 
     try:
         policy = ChaosPolicy(min_clients, max_clients)
     except ValueError as exc:
         fail(f"--min-clients/--max-clients: {exc}")
+    if client_config is not None:
+        try:
+            load_config(client_config, ClientConfig)
+        except ConfigError as exc:
+            fail(f"--client-config: {exc}", EXIT_USAGE)
     folder = run_folder(workdir, "soak")
     with contextlib.ExitStack() as stack:
         try:
@@ -115,6 +138,9 @@ def soak(
             policy=policy,
             broker_restart=not no_broker_restart,
             seed=seed,
+            client_args=()
+            if client_config is None
+            else ("--config", os.path.abspath(client_config)),
         )
         try:
             result = uvloop.run(run_soak(options, folder / "daemons", click.echo))

@@ -30,6 +30,7 @@ from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.cadence import until_next, wait_until
 from lbg.client.membership import MembershipView
+from lbg.client.presence import PresenceProbes
 from lbg.client.steering import Holding, Steering
 from lbg.model.control import (
     GOSSIP_SECONDS,
@@ -125,6 +126,11 @@ class Coordinator:
         self._heard_from: dict[str, bytes] = {}
         self.worst_late = 0.0
         self._late_told = -float("inf")
+        # Whether peers may ask the broker if this member's connection closed (presence).
+        self._probe_me = False
+        self._probes = PresenceProbes(
+            broker, group, self.view, self.own_lease, self._forget, self._wake
+        )
 
     @property
     def lease(self) -> float:
@@ -145,6 +151,9 @@ class Coordinator:
         A heartbeat the broker does not take is tried again next round, as in `run` (a member
         exited when its connection was reset as it started): its lease says what it may do."""
         self._unsubscribe = await self._broker.subscribe_control(self._group, self._receive)
+        with contextlib.suppress(BrokerError):
+            self._probe_me = await self._broker.announce_presence(self._group, self.member)
+        self._broker.on_connection_lost(self._connection_lost)
         self.own_lease.start()
         with contextlib.suppress(BrokerError, TimeoutError):
             await self._beat()
@@ -194,7 +203,10 @@ class Coordinator:
         ends, not up to a heartbeat later. A lapse already due waits for a round anyway (the
         view was stale)."""
         cadence = until_next(self.interval)
-        due = self.view.next_expiry()
+        due = min(
+            (d for d in (self.view.next_expiry(), self._probes.next_due()) if d is not None),
+            default=None,
+        )
         if due is None:
             return cadence
         left = due + EXPIRY_SLACK - self._clock()
@@ -208,6 +220,7 @@ class Coordinator:
         await self._beat()
 
     async def close(self) -> None:
+        self._probes.close()
         await self._beat()
         if self._unsubscribe is not None:
             with contextlib.suppress(Exception):
@@ -249,10 +262,9 @@ class Coordinator:
         now = self._clock()
         current = self.own_lease.view_current()
         for heartbeat in self.view.expire() if current else []:
-            log.info("member %s is gone (lease lapsed)", heartbeat.member)
-            self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
-            self._gone_queues.update(dict.fromkeys(heartbeat.owns, now))
-            self._drop_overrides(heartbeat.member, "gone")
+            self._forget(heartbeat, "lease lapsed")
+        if current:
+            self._probes.ask()
         for override in self.overrides.drop_unknown(self._known, self.lease):
             log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
         self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
@@ -265,6 +277,21 @@ class Coordinator:
         await self._ask_syncs()
         if current:
             await self._evict_gone_owners(held)
+
+    def _forget(self, heartbeat: Heartbeat, why: str) -> None:
+        """A member is gone: its queues go to the others, its pins are evicted."""
+        log.info("member %s is gone (%s)", heartbeat.member, why)
+        now = self._clock()
+        self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
+        self._gone_queues.update(dict.fromkeys(heartbeat.owns, now))
+        self._drop_overrides(heartbeat.member, "gone")
+
+    def _connection_lost(self) -> None:
+        """The connection dropped: peers told by the broker it closed may take this member's
+        queues as soon as its lease could have ended, so it stops now and starts afresh once
+        a heartbeat sent after this comes back."""
+        self.own_lease.lapse()
+        self._lapse("connection to the broker lost")
 
     def _lapse(self, reason: str) -> None:
         """This member's lease lapsed: fence every queue it holds (telling it once)."""
@@ -510,6 +537,14 @@ class Coordinator:
         self._full_due, self._sent_digest = False, digest
         beat = self.own_lease.sent()
         heartbeat = Heartbeat(
-            self.member, self.state, owns, wants, self.generation, beat, digest, full
+            self.member,
+            self.state,
+            owns,
+            wants,
+            self.generation,
+            beat,
+            digest,
+            full,
+            self._probe_me,
         )
         await self._broker.publish_control(self._group, heartbeat.encode())

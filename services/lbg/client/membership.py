@@ -44,6 +44,23 @@ class MembershipView:
         gone = [m for m, seen in self._seen.items() if now - seen.at > self.lease + self.margin]
         return [self._seen.pop(member).heartbeat for member in gone]
 
+    def silent(self, for_at_least: float) -> dict[str, float]:
+        """Members not heard from for `for_at_least` seconds or more: when each was last heard."""
+        now = self._clock()
+        return {m: seen.at for m, seen in self._seen.items() if now - seen.at >= for_at_least}
+
+    def last_heard(self) -> dict[str, float]:
+        """When each member was last heard from."""
+        return {m: seen.at for m, seen in self._seen.items()}
+
+    def drop(self, member: str, heard_at: float) -> Heartbeat | None:
+        """Forget a member found gone, unless it was heard from again since `heard_at`;
+        returns its last heartbeat when it was forgotten."""
+        seen = self._seen.get(member)
+        if seen is None or seen.at != heard_at:
+            return None
+        return self._seen.pop(member).heartbeat
+
     def next_expiry(self) -> float | None:
         """When the first current lease lapses (margin included); None with nobody seen."""
         if not self._seen:

@@ -1,4 +1,5 @@
-"""The chaos soak's pure decisions: which fault to inject next, and why a duplicate happened.
+"""The chaos soak's pure decisions: which fault to inject next, why a duplicate happened, and
+which of the lease's alarms no fault explains.
 
 The soak runner (lbg.devstack.soak) applies the actions to real processes; keeping the choices here
 makes them testable without a broker: the pool never drops below its minimum of live
@@ -10,8 +11,10 @@ from __future__ import annotations
 import enum
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from lbg.devstack.alarms import LeaseAlarm
 
 
 class Fault(enum.Enum):
@@ -75,6 +78,13 @@ class FaultRecord:
 
 
 UNEXPLAINED = "no fault nearby"
+# A lease alarm may follow its fault by this much: a woken member fences itself at its next
+# round, a restarted one is away while its process exits and starts again.
+ALARM_GRACE = 5.0
+# Any member may lose its lease while the broker restarts (a RabbitMQ node takes ~10 s).
+BROKER_RESTART_GRACE = 30.0
+# Log lines carry milliseconds of the wall clock; the faults the monotonic clock.
+CLOCK_SLACK = 0.01
 
 
 def duplicate_cause(
@@ -103,3 +113,35 @@ def duplicate_cause(
 def tally(causes: Sequence[str]) -> Mapping[str, int]:
     """Count duplicates per cause, most frequent first."""
     return dict(Counter(causes).most_common())
+
+
+def explains(record: FaultRecord, alarm: LeaseAlarm, stop_seconds: float, grace: float) -> bool:
+    """Whether the fault accounts for the alarm (both on the monotonic clock): a killed member
+    is gone for good; a stopped one is evicted while stopped and fences itself on waking; a
+    restarted one may be taken for gone while it restarts; a broker restart may cost anyone
+    their lease while the broker is down."""
+    if not record.at <= alarm.at + CLOCK_SLACK:
+        return False
+    if record.fault is Fault.BROKER_RESTART:
+        return alarm.at <= record.at + BROKER_RESTART_GRACE
+    if record.client != alarm.member:
+        return False
+    if record.fault is Fault.KILL:
+        return True
+    if record.fault is Fault.STOP:
+        return alarm.at <= record.at + stop_seconds + grace
+    return record.fault is Fault.RESTART and alarm.at <= record.at + grace
+
+
+def false_alarms(
+    alarms: Iterable[LeaseAlarm],
+    faults: Sequence[FaultRecord],
+    stop_seconds: float,
+    grace: float = ALARM_GRACE,
+) -> list[LeaseAlarm]:
+    """The alarms no fault explains: live, running members the lease took for dead."""
+    return [
+        alarm
+        for alarm in alarms
+        if not any(explains(record, alarm, stop_seconds, grace) for record in faults)
+    ]

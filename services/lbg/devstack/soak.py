@@ -13,10 +13,11 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from lbg.broker import connect_broker
+from lbg.devstack.alarms import EVICTED, SELF_FENCED, LeaseAlarm, lease_alarms
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.devstack.chaos import (
     Action,
@@ -25,6 +26,7 @@ from lbg.devstack.chaos import (
     FaultRecord,
     choose_action,
     duplicate_cause,
+    false_alarms,
     tally,
 )
 from lbg.devstack.demo import Timeline
@@ -55,6 +57,8 @@ class SoakOptions:
     broker_restart: bool = True
     seed: int = 0
     drain_stall: float = 60.0
+    # Given to every client, e.g. ("--config", "fast-failover.toml").
+    client_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -67,6 +71,9 @@ class SoakResult:
     tracebacks: dict[str, int]
     drained: bool
     validator_error: str | None = None
+    # Live members the lease took for dead (no fault of the soak explains them): a lease too
+    # short for the machine's load; they cost handovers and duplicates, not the verdict.
+    false_alarms: dict[str, int] = field(default_factory=lambda: {EVICTED: 0, SELF_FENCED: 0})
 
     @property
     def ok(self) -> bool:
@@ -83,6 +90,10 @@ class SoakResult:
         lines += [f"  {cause:<22}{count}" for cause, count in self.duplicate_causes.items()]
         if not self.duplicate_causes:
             lines.append("  (none)")
+        lines.append(
+            "live members evicted / self-fenced (no fault explains them): "
+            f"{self.false_alarms[EVICTED]} / {self.false_alarms[SELF_FENCED]}"
+        )
         for name, count in self.tracebacks.items():
             lines.append(f"traceback in {name}.log: {count}")
         if self.validator_error:
@@ -94,8 +105,9 @@ class SoakResult:
 class _Pool:
     """The soak's client processes: which are live, which are stopped, and their names."""
 
-    def __init__(self, local: LocalDeployment) -> None:
+    def __init__(self, local: LocalDeployment, client_args: tuple[str, ...]) -> None:
         self.local = local
+        self.client_args = client_args
         self.live: list[str] = []
         self.stopped: set[str] = set()
         self._started = 0
@@ -104,7 +116,7 @@ class _Pool:
         return f"client-{self._started}"
 
     def start(self, name: str) -> None:
-        self.local.start(name, "lbg-client", "--id", name)
+        self.local.start(name, "lbg-client", "--id", name, *self.client_args)
         self.live.append(name)
         self._started = max(self._started, int(name.rsplit("-", 1)[1]) + 1)
 
@@ -136,7 +148,7 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         BrokerSettings(url=endpoint.url, admin_url=endpoint.admin_url), "lbg-soak"
     )
     local = LocalDeployment(endpoint.url, SOAK_GROUP, workdir)
-    pool = _Pool(local)
+    pool = _Pool(local, options.client_args)
     validator = Validator(on_observation=observed)
     stop_validator = asyncio.Event()
     validation: asyncio.Task[Report] | None = None
@@ -235,6 +247,9 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         await asyncio.to_thread(local.stop_all)
         await broker.close()
     fault_counts = tally([record.fault.value for record in faults])
+    unexplained = false_alarms(_alarms(local), faults, options.stop_seconds)
+    for alarm in unexplained:
+        timeline.say(f"false alarm: {alarm.member} {alarm.kind} while it ran")
     return SoakResult(
         report=validator.report(),
         faults=dict(fault_counts),
@@ -242,6 +257,9 @@ async def run_soak(options: SoakOptions, workdir: Path, echo: Callable[[str], No
         tracebacks=_tracebacks(local),
         drained=drained,
         validator_error=validator_error,
+        false_alarms={
+            kind: sum(a.kind == kind for a in unexplained) for kind in (EVICTED, SELF_FENCED)
+        },
     )
 
 
@@ -255,6 +273,17 @@ async def _drain(
             return True
         timeline.say(f"    {validator.progress_line()}")
     return validator.complete
+
+
+def _alarms(local: LocalDeployment) -> list[LeaseAlarm]:
+    """Every eviction and self-fence the clients logged, on the monotonic clock of the faults."""
+    offset = time.time() - time.monotonic()
+    return [
+        replace(alarm, at=alarm.at - offset)
+        for name, daemon in local.daemons.items()
+        if name.startswith("client-")
+        for alarm in lease_alarms(daemon.log_path)
+    ]
 
 
 def _tracebacks(local: LocalDeployment) -> dict[str, int]:

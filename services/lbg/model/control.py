@@ -60,7 +60,9 @@ class Heartbeat:
     the queues it is ready to take (a standby pull is waiting), the generation of the
     group's config it runs (a resizable group's size changes with it) and its number, by
     which the member knows its own heartbeat when the broker relays it back. `full` False:
-    it carries only `digest` of its queues, which the receiver fills in (`filled_from`)."""
+    it carries only `digest` of its queues, which the receiver fills in (`filled_from`).
+    `probe`: the broker answers for this member's connection (Broker.probe_member), so a
+    peer may ask it whether the member's connection closed instead of waiting out the lease."""
 
     member: str
     state: MemberState
@@ -70,6 +72,7 @@ class Heartbeat:
     beat: int = 0
     digest: int = 0
     full: bool = True
+    probe: bool = False
 
     def encode(self) -> bytes:
         body: dict[str, object] = {
@@ -79,6 +82,8 @@ class Heartbeat:
             "n": self.beat,
             "d": self.digest,
         }
+        if self.probe:
+            body["p"] = 1
         if self.full:
             body["o"] = {str(q): pin for q, pin in self.owns.items()}
             body["w"] = sorted(self.wants)
@@ -106,6 +111,7 @@ class Heartbeat:
             self.beat,
             self.digest,
             full,
+            self.probe,
         )
 
     @classmethod
@@ -130,6 +136,7 @@ class Heartbeat:
                 beat=int(obj.get("n", 0)),
                 digest=int(obj.get("d", 0)),
                 full=full,
+                probe=bool(obj.get("p", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None

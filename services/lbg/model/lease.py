@@ -86,6 +86,14 @@ class OwnLease:
         self._lapsed = False
         return lapsed
 
+    def lapse(self) -> None:
+        """End the lease now (the connection to the broker was lost): nothing is processed until
+        a heartbeat sent from here on comes back, after the caller fenced what it held. A
+        peer told by the broker that the connection closed evicts this member as soon as its
+        lease could have ended; whatever this member sent before can no longer renew it."""
+        self._lapsed = True
+        self._sent.clear()
+
     def holds(self) -> bool:
         """True while this member may process and ack."""
         if self._lapsed:

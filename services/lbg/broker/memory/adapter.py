@@ -115,6 +115,17 @@ class MemoryBroker(Broker):
 
         return unsubscribe
 
+    async def announce_presence(self, group: str, member: str) -> bool:
+        self._connection.check()
+        self._connection.presence.add((group, member))
+        return True
+
+    async def probe_member(self, group: str, member: str) -> bool | None:
+        try:
+            return self.store.probe(self._connection, group, member)
+        except BrokerError:
+            return None
+
     def parking(self, group: str) -> ParkingLot:
         self._connection.check()
         self.store.read_group(group)

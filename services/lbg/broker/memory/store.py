@@ -172,6 +172,8 @@ class Connection:
     deaf: bool = False
     bindings: list[BindingHandle] = field(default_factory=list)
     subscriptions: list[tuple[str, ControlHandler]] = field(default_factory=list)
+    # (group, member) pairs this connection answers presence probes for.
+    presence: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def reachable(self) -> bool:
@@ -189,6 +191,7 @@ class Connection:
         """The connection goes (process exit): its pins lapse after the priority timeout."""
         self.alive = False
         self.subscriptions.clear()
+        self.presence.clear()
         for binding in self.bindings:
             binding.state.stopped_pulling(binding, self.priority_timeout)
 
@@ -340,6 +343,16 @@ class MemoryStore:
                     handler(body)
                 except Exception:
                     log.exception("control handler of %s failed", other.client)
+
+    def probe(self, connection: Connection, group: str, member: str) -> bool | None:
+        """What a presence probe tells: True when no open connection answers for the member
+        (control messages are relayed at once, so every one it sent was heard first), False
+        when one that hears the broker does, None when it is cut off or deaf (no answer)."""
+        connection.check()
+        holders = [c for c in self.connections if c.alive and (group, member) in c.presence]
+        if not holders:
+            return True
+        return False if any(c.reachable and not c.deaf for c in holders) else None
 
 
 _STORES: dict[str, MemoryStore] = {}

@@ -66,6 +66,7 @@ from lbg.broker.nats.parking import (
     lot_stream_config,
     registry_bucket,
 )
+from lbg.broker.nats.presence import NatsPresence
 from lbg.broker.nats.pubacks import NoStream, Rejected, StreamPublisher
 from lbg.broker.nats.stints import GroupStints, StintBinding
 from lbg.broker.nats.unpins import PinWatch
@@ -163,6 +164,7 @@ class NatsBroker(Broker):
         self._histories: dict[str, HistoryFeed] = {}
         self._histories_made = asyncio.Lock()
         self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
+        self._presence = NatsPresence(nc, CONTROL_PREFIX)
 
     @classmethod
     async def connect(
@@ -553,7 +555,17 @@ class NatsBroker(Broker):
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
         subscription = await subscribe_direct(self._nc, control_subject(group), handler)
+        self._presence.control_subscribed(group, subscription)
         return subscription.unsubscribe
+
+    async def announce_presence(self, group: str, member: str) -> bool:
+        return await self._presence.announce(group, member)
+
+    async def probe_member(self, group: str, member: str) -> bool | None:
+        return await self._presence.ask(group, member)
+
+    def on_connection_lost(self, listener: Callable[[], None]) -> None:
+        self._events.on_disconnect.append(listener)
 
     def parking(self, group: str) -> ParkingLot:
         return NatsParkingLot(self._js, self._streams, group, self._events.refusal)

@@ -39,6 +39,7 @@ class ConnectionLog:
         self.last_error = ""
         self.refused: set[str] = set()
         self.on_reconnect: list[Callable[[], None]] = []
+        self.on_disconnect: list[Callable[[], None]] = []
 
     def refusal(self, subject: str) -> str | None:
         """Why nothing came back for `subject`, if the server refused this user publishing to
@@ -61,6 +62,8 @@ class ConnectionLog:
     async def disconnected(self) -> None:
         if not self.closing:
             log.warning("disconnected from the broker; reconnecting")
+            for listener in self.on_disconnect:
+                listener()
 
     async def reconnected(self) -> None:
         log.info("reconnected to the broker")

@@ -66,3 +66,8 @@ async def subscribe_direct(nc: Client, subject: str, handler: Handler) -> Subscr
         while not queue.empty():  # what came while subscribing
             direct.put_nowait(queue.get_nowait())
     return subscription
+
+
+def is_direct(subscription: Subscription) -> bool:
+    """Whether the subscription's messages go to its handler from the read loop itself."""
+    return isinstance(getattr(subscription, "_pending_queue", None), _Direct)

@@ -1,0 +1,114 @@
+"""Presence probes: a silent peer is asked about once per silence, and is forgotten only if
+the broker says its connection closed and nothing was heard from it meanwhile."""
+
+import asyncio
+
+from lbg.client.membership import MembershipView
+from lbg.client.presence import PresenceProbes
+from lbg.model.control import Heartbeat, MemberState
+from lbg.model.lease import LeaseTerms, OwnLease
+
+TERMS = LeaseTerms(lease=0.7, margin=0.15)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Broker:
+    """Answers each probe when told to, with what it is told."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.answers: dict[str, asyncio.Future[bool | None]] = {}
+
+    async def probe_member(self, group: str, member: str) -> bool | None:
+        self.asked.append(member)
+        self.answers[member] = asyncio.get_running_loop().create_future()
+        return await self.answers[member]
+
+
+def beat(member: str, probe: bool = True) -> Heartbeat:
+    return Heartbeat(member, MemberState.ACTIVE, probe=probe)
+
+
+def setup(
+    clock: Clock,
+) -> tuple[Broker, MembershipView, PresenceProbes, OwnLease, list[str]]:
+    broker = Broker()
+    view = MembershipView(TERMS.lease, clock, TERMS.margin)
+    own = OwnLease(TERMS, clock)
+    forgotten: list[str] = []
+    probes = PresenceProbes(
+        broker,  # type: ignore[arg-type]
+        "g",
+        view,
+        own,
+        lambda heartbeat, why: forgotten.append(f"{heartbeat.member}: {why}"),
+        asyncio.Event(),
+    )
+    return broker, view, probes, own, forgotten
+
+
+def test_a_peer_silent_for_lease_minus_margin_is_asked_about_once_and_forgotten() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        broker, view, probes, own, forgotten = setup(clock)
+        view.observe(beat("a"))
+        view.observe(beat("old", probe=False))
+        assert probes.next_due() == TERMS.lease - TERMS.margin
+        clock.now = 0.5
+        probes.ask()
+        assert broker.asked == []
+        clock.now = 0.56
+        own.echoed(own.sent())  # its own heartbeat came back: its view is current
+        probes.ask()
+        probes.ask()
+        await asyncio.sleep(0)
+        assert broker.asked == ["a"], "once per silence, never a member that is not probeable"
+        broker.answers["a"].set_result(True)
+        await asyncio.sleep(0)
+        assert forgotten == ["a: connection closed"]
+        assert view.members() == ["old"]
+
+    asyncio.run(scenario())
+
+
+def test_a_peer_heard_from_while_it_was_asked_about_stays() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        broker, view, probes, own, forgotten = setup(clock)
+        view.observe(beat("a"))
+        clock.now = 0.6
+        own.echoed(own.sent())  # its own heartbeat came back: its view is current
+        probes.ask()
+        await asyncio.sleep(0)
+        view.observe(beat("a"))  # a reconnect: its heartbeat came in before the answer
+        broker.answers["a"].set_result(True)
+        await asyncio.sleep(0)
+        assert forgotten == []
+        assert view.members() == ["a"]
+
+    asyncio.run(scenario())
+
+
+def test_no_answer_or_a_stale_own_view_forgets_nobody() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        broker, view, probes, _, forgotten = setup(clock)
+        view.observe(beat("a"))
+        view.observe(beat("b"))
+        clock.now = 0.6
+        probes.ask()  # this member's own heartbeats have not come back for 0.6 s
+        await asyncio.sleep(0)
+        broker.answers["a"].set_result(True)
+        broker.answers["b"].set_result(None)  # b: alive but silent, nobody answered in time
+        await asyncio.sleep(0)
+        assert forgotten == []
+        assert view.members() == ["a", "b"]
+
+    asyncio.run(scenario())
