@@ -12,6 +12,11 @@ released queue goes to its preferred client. A dynamic member keeps each queue's
 preferred (its standby, who gets the queue the moment its owner's connection drops); one no
 longer preferred steps out of a held queue's line when its coordinator says so (step_out).
 
+Idle, a binding costs nothing per second: in the line and preferred, or active, its loop
+sleeps until its channel closes (the channel's close callback) or it is told something; only
+a standby that looks by itself wakes on a timer (a coordinated one every
+COORDINATED_LOOK_SECONDS).
+
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
 fails gives the queue up, so no delivery goes out without its stint's epoch.
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.broker.base import Delivery, LoopBinding, StateListener, why
+from lbg.broker.base import UNTIL_WOKEN, Delivery, LoopBinding, StateListener, why
 
 log = logging.getLogger(__name__)
 
@@ -177,36 +182,57 @@ class RabbitQueueBinding(LoopBinding):
         return 0.0
 
     async def _step(self) -> float:
-        """Join the line, leave it, or stay, as the steering rules say; then wait a poll."""
+        """Join the line, leave it, or stay, as the steering rules say; then wait for what can
+        change that: only a standby out of the line or not preferred in it looks on a timer."""
         stint = self._stint
         if not self._running.is_set():
             if self._active:
                 self._lose("stopped consuming")
             await self._leave_line()
             await self._running.wait()
-        elif stint is not None and not stint.tag:
+            return self._poll
+        if stint is not None and not stint.tag:
             await self._leave_line()
-        elif stint is not None and stint.channel.is_closed:
+            return self._poll
+        if stint is not None and stint.channel.is_closed:
             self._stint = None
             self._lose("channel closed by the broker")
-        elif stint is None:
-            if self._preferred or not self._exclusive or await self._nobody_there():
-                await self._join_line()
-        elif (
-            self._exclusive
-            and not self._preferred
-            and not self._active
-            and await self._crowded(stint)
-        ):
+            return self._poll
+        if stint is None:
+            if not (self._preferred or not self._exclusive or await self._nobody_there()):
+                return self._until_look()
+            await self._join_line()
+        elif self._looks_by_itself() and await self._crowded(stint):
             await self._leave_line()
-        return self._poll
+            return self._poll
+        if self._looks_by_itself():
+            return self._until_look()
+        # Nothing to look at: a closed channel, a preference, a step out, a stop or a loss
+        # wakes the loop (a poll per binding was QC x CC wake-ups every 0.25 s, issue 25).
+        return UNTIL_WOKEN
+
+    def _looks_by_itself(self) -> bool:
+        """A standby not preferred on an exclusive queue: nothing tells it whether to join
+        or leave the line, so it counts the queue's consumers now and then."""
+        return self._exclusive and not self._preferred and not self._active
+
+    def _until_look(self) -> float:
+        """The wait of a standby that looks by itself: a poll, or until a coordinated one's
+        next look."""
+        if not self._coordinated:
+            return self._poll
+        return max(self._next_look - time.monotonic(), self._poll)
 
     async def _crowded(self, stint: _Stint) -> bool:
         """Whether a standby no longer preferred should step out of the line: at once if its
-        coordinator says so, else once another consumer is there. (Left to the count, a
-        standby stayed in line behind the queue's owner: the count never came above 1.)"""
+        coordinator says so, else once another consumer is there (a coordinated one counts
+        only every COORDINATED_LOOK_SECONDS). (Left to the count, a standby stayed in line
+        behind the queue's owner: on a single-active-consumer quorum queue the count is of the
+        active consumer only and never came above 1.)"""
         if stint.leaving:
             return True
+        if self._coordinated:
+            return self._look() and await self._consumers() > 1
         return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
     async def _consumers(self) -> int:
@@ -215,14 +241,21 @@ class RabbitQueueBinding(LoopBinding):
     async def _nobody_there(self) -> bool:
         """Whether the queue has no consumer at all; a coordinated standby asks only every
         COORDINATED_LOOK_SECONDS (False meanwhile)."""
+        if self._coordinated and not self._look():
+            return False
+        return not await self._consumers()
+
+    def _look(self) -> bool:
+        """Whether a coordinated standby's next look is due (then the one after is set)."""
         now = time.monotonic()
-        if self._coordinated and now < self._next_look:
+        if now < self._next_look:
             return False
         self._next_look = now + COORDINATED_LOOK_SECONDS
-        return not await self._consumers()
+        return True
 
     async def _join_line(self) -> None:
         channel = await self._open_channel()
+        channel.close_callbacks.add(self._wake_on_close)
         await channel.set_qos(prefetch_count=PREFETCH)
         self._stints += 1
         stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
@@ -257,6 +290,11 @@ class RabbitQueueBinding(LoopBinding):
                 self._buffer.put_nowait(delivery)
 
         await queue.consume(on_message, consumer_tag=stint.tag)
+
+    def _wake_on_close(self, *_: object) -> None:
+        """A stint's channel closed (by the broker, a lost connection or this binding): the
+        loop sees to it now, not at its next poll."""
+        self._wake.set()
 
     async def _claim_for(self, stint: _Stint, epoch: int) -> None:
         """Claim the stint's ownership epoch, then release what it held back, tagged."""
