@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from lbg.broker.rabbitmq import binding as binding_module
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding
 
 POLL = 0.01
@@ -157,3 +158,20 @@ def test_a_closed_channel_is_seen_at_once_without_polling() -> None:
         await binding.close()
 
     asyncio.run(crash())
+
+
+def test_a_coordinated_standby_no_longer_preferred_leaves_an_idle_line(monkeypatch) -> None:
+    monkeypatch.setattr(binding_module, "LINE_SETTLE_SECONDS", 10 * POLL)
+
+    async def demoted() -> None:
+        channels: list[FakeChannel] = []
+        binding = await preferred_in_line(channels, POLL)
+        binding.set_coordinated()
+        binding.set_preferred(False)  # nobody holds the queue: the coordinator says nothing
+        await asyncio.sleep(5 * POLL)
+        assert not channels[0].closed, "it stays while the views of a mass start settle"
+        await asyncio.sleep(10 * POLL)
+        assert channels[0].closed and len(channels) == 1, "then it leaves, and stays out"
+        await binding.close()
+
+    asyncio.run(demoted())

@@ -14,8 +14,10 @@ longer preferred steps out of a held queue's line when its coordinator says so (
 
 Idle, a binding costs nothing per second: in the line and preferred, or active, its loop
 sleeps until its channel closes (the channel's close callback) or it is told something; only
-a standby that looks by itself wakes on a timer (a coordinated one every
-COORDINATED_LOOK_SECONDS).
+a standby that looks by itself wakes on a timer. A coordinated one counts the queue's
+consumers every COORDINATED_LOOK_SECONDS while out of the line, and leaves a line it is no
+longer preferred in LINE_SETTLE_SECONDS after joining it (no count tells it whether someone
+else waits there).
 
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
@@ -46,6 +48,9 @@ PREFETCH = 32
 # every poll): its coordinator makes another member preferred when one goes (at QC 256 x 8
 # the counts were thousands of queue declarations a second).
 COORDINATED_LOOK_SECONDS = 30.0
+# A coordinated standby no longer preferred leaves a line once it has stood in it this long
+# (idle lines are left alone while the views of a mass start settle, about a second).
+LINE_SETTLE_SECONDS = 2.0
 
 OpenChannel = Callable[[], Awaitable[AbstractChannel]]
 CountConsumers = Callable[[str], Awaitable[int]]
@@ -200,39 +205,42 @@ class RabbitQueueBinding(LoopBinding):
             return self._poll
         if stint is None:
             if not (self._preferred or not self._exclusive or await self._nobody_there()):
-                return self._until_look()
+                return self._until_look(None)
             await self._join_line()
         elif self._looks_by_itself() and await self._crowded(stint):
             await self._leave_line()
             return self._poll
         if self._looks_by_itself():
-            return self._until_look()
+            return self._until_look(self._stint)
         # Nothing to look at: a closed channel, a preference, a step out, a stop or a loss
         # wakes the loop (a poll per binding was QC x CC wake-ups every 0.25 s, issue 25).
         return UNTIL_WOKEN
 
     def _looks_by_itself(self) -> bool:
         """A standby not preferred on an exclusive queue: nothing tells it whether to join
-        or leave the line, so it counts the queue's consumers now and then."""
+        or leave the line, so it looks now and then."""
         return self._exclusive and not self._preferred and not self._active
 
-    def _until_look(self) -> float:
-        """The wait of a standby that looks by itself: a poll, or until a coordinated one's
-        next look."""
+    def _until_look(self, stint: _Stint | None) -> float:
+        """The wait of a standby that looks by itself: a poll, or a coordinated one's wait
+        until its next count (out of the line) or until it leaves the line (in it)."""
         if not self._coordinated:
             return self._poll
-        return max(self._next_look - time.monotonic(), self._poll)
+        due = self._next_look if stint is None else stint.since + LINE_SETTLE_SECONDS
+        return max(due - time.monotonic(), self._poll)
 
     async def _crowded(self, stint: _Stint) -> bool:
-        """Whether a standby no longer preferred should step out of the line: at once if its
-        coordinator says so, else once another consumer is there (a coordinated one counts
-        only every COORDINATED_LOOK_SECONDS). (Left to the count, a standby stayed in line
-        behind the queue's owner: on a single-active-consumer quorum queue the count is of the
-        active consumer only and never came above 1.)"""
+        """Whether a standby not preferred should step out of the line: at once if its
+        coordinator says so; a coordinated one once it has stood in line LINE_SETTLE_SECONDS,
+        since its coordinator keeps another member preferred (left alone, the lines of idle
+        queues kept 4-5 consumers, a channel each, per queue at QC 256 x 8 after a mass
+        start); else once another consumer is there. (Left to the count, a standby stayed in
+        line behind the queue's owner: a single-active-consumer quorum queue counts its active
+        consumer only.)"""
         if stint.leaving:
             return True
         if self._coordinated:
-            return self._look() and await self._consumers() > 1
+            return time.monotonic() - stint.since >= LINE_SETTLE_SECONDS
         return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
     async def _consumers(self) -> int:
