@@ -1,6 +1,6 @@
 """A RabbitMQ standby that is not preferred counts the queue's consumers every poll, unless a
 coordinator keeps some member preferred (dynamic membership): then it leaves the queue to it
-and asks only every COORDINATED_LOOK_SECONDS (issue 25); one its coordinator steered into
+and asks only every 30 s or more (issue 25); one its coordinator steered into
 the line steps out when its coordinator says so (issue 19). A binding in the line and
 preferred does not wake on a timer, yet sees its channel close at once (issue 25)."""
 

@@ -15,7 +15,7 @@ longer preferred steps out of a held queue's line when its coordinator says so (
 Idle, a binding costs nothing per second: in the line and preferred, or active, its loop
 sleeps until its channel closes (the channel's close callback) or it is told something; only
 a standby that looks by itself wakes on a timer. A coordinated one counts the queue's
-consumers every COORDINATED_LOOK_SECONDS while out of the line, and leaves a line it is no
+consumers every `coordinated_look_seconds` while out of the line, and leaves a line it is no
 longer preferred in LINE_SETTLE_SECONDS after joining it (no count tells it whether someone
 else waits there).
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,11 +47,21 @@ log = logging.getLogger(__name__)
 PREFETCH = 32
 # A coordinated standby that is not preferred counts the queue's consumers this seldom (not
 # every poll): its coordinator makes another member preferred when one goes (at QC 256 x 8
-# the counts were thousands of queue declarations a second).
+# the counts were thousands of queue declarations a second) ...
 COORDINATED_LOOK_SECONDS = 30.0
+# ... and a client's coordinated standbys together count about this many times a second at
+# most (every 30 s each, 7 members' standbys of QC 256 made 60 a second, 1.7 % of the broker).
+COORDINATED_LOOKS_PER_SECOND = 1.0
 # A coordinated standby no longer preferred leaves a line once it has stood in it this long
 # (idle lines are left alone while the views of a mass start settle, about a second).
 LINE_SETTLE_SECONDS = 2.0
+
+
+def coordinated_look_seconds(queue_count: int) -> float:
+    """How seldom each coordinated standby of a group of `queue_count` queues counts its
+    queue's consumers: a client's looks cost the broker the same at any queue count."""
+    return max(COORDINATED_LOOK_SECONDS, queue_count / COORDINATED_LOOKS_PER_SECOND)
+
 
 OpenChannel = Callable[[], Awaitable[AbstractChannel]]
 CountConsumers = Callable[[str], Awaitable[int]]
@@ -93,6 +104,7 @@ class RabbitQueueBinding(LoopBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
+        look_seconds: float = COORDINATED_LOOK_SECONDS,
     ) -> None:
         super().__init__(queue, on_change, preferred)
         self._claim = claim
@@ -102,6 +114,7 @@ class RabbitQueueBinding(LoopBinding):
         self._count_consumers = count_consumers
         self._exclusive = exclusive
         self._poll = poll_seconds
+        self._look_seconds = look_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._stint: _Stint | None = None
@@ -134,7 +147,8 @@ class RabbitQueueBinding(LoopBinding):
 
     def set_coordinated(self) -> None:
         self._coordinated = True
-        self._next_look = time.monotonic() + COORDINATED_LOOK_SECONDS
+        # Spread, so that a client's standbys bound together do not all count at once.
+        self._next_look = time.monotonic() + random.uniform(0.5, 1.5) * self._look_seconds
 
     async def pinned_by(self) -> str | None:
         """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
@@ -248,7 +262,7 @@ class RabbitQueueBinding(LoopBinding):
 
     async def _nobody_there(self) -> bool:
         """Whether the queue has no consumer at all; a coordinated standby asks only every
-        COORDINATED_LOOK_SECONDS (False meanwhile)."""
+        `coordinated_look_seconds` (False meanwhile)."""
         if self._coordinated and not self._look():
             return False
         return not await self._consumers()
@@ -258,7 +272,7 @@ class RabbitQueueBinding(LoopBinding):
         now = time.monotonic()
         if now < self._next_look:
             return False
-        self._next_look = now + COORDINATED_LOOK_SECONDS
+        self._next_look = now + self._look_seconds
         return True
 
     async def _join_line(self) -> None:
