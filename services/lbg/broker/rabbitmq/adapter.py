@@ -205,7 +205,10 @@ class RabbitBroker(RabbitProvisioning, Broker):
 
     async def _open_channel(self, confirms: bool = False) -> AbstractChannel:
         connection = await self._conn()
-        return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
+        try:
+            return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
+        except RuntimeError as exc:  # aiormq: "<Connection ...> closed" under the call
+            raise ConnectionError(f"cannot open a channel: {why(exc)}") from None
 
     async def _channel(self, purpose: str) -> AbstractChannel:
         """A long-lived channel per purpose (publish, claims, control, probe), reopened when
