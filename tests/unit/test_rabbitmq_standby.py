@@ -1,12 +1,14 @@
 """A RabbitMQ standby that is not preferred counts the queue's consumers every poll, unless a
 coordinator keeps some member preferred (dynamic membership): then it leaves the queue to it
-and asks only every COORDINATED_LOOK_SECONDS (issue 25); one its coordinator steered into
-the line steps out when its coordinator says so (issue 19)."""
+and asks only every 30 s or more (issue 25); one its coordinator steered into
+the line steps out when its coordinator says so (issue 19). A binding in the line and
+preferred does not wake on a timer, yet sees its channel close at once (issue 25)."""
 
 import asyncio
 
 import pytest
 
+from lbg.broker.rabbitmq import binding as binding_module
 from lbg.broker.rabbitmq.binding import RabbitQueueBinding
 
 POLL = 0.01
@@ -46,10 +48,24 @@ def test_a_coordinated_standby_does_not_count_consumers_every_poll(
 
 
 class FakeChannel:
-    """A channel whose queue takes a consumer and never delivers (another owner is active)."""
+    """A channel whose queue takes a consumer and never delivers (another owner is active);
+    it counts how often its state is read (each round of a binding's loop reads it)."""
 
     def __init__(self) -> None:
-        self.is_closed = False
+        self.closed = False
+        self.reads = 0
+        self.close_callbacks: set = set()
+
+    @property
+    def is_closed(self) -> bool:
+        self.reads += 1
+        return self.closed
+
+    def broker_closes(self) -> None:
+        """What aio-pika does when the broker or a lost connection closes the channel."""
+        self.closed = True
+        for callback in list(self.close_callbacks):
+            callback(self, None)
 
     async def set_qos(self, prefetch_count: int) -> None:
         pass
@@ -61,7 +77,7 @@ class FakeChannel:
         pass
 
     async def close(self) -> None:
-        self.is_closed = True
+        self.broker_closes()
 
 
 def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
@@ -94,3 +110,68 @@ def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
         await binding.close()
 
     asyncio.run(steps())
+
+
+async def preferred_in_line(channels: list[FakeChannel], poll: float) -> RabbitQueueBinding:
+    """A preferred binding that has joined the queue's line (on the channel it opened)."""
+
+    async def open_channel() -> FakeChannel:
+        channels.append(FakeChannel())
+        return channels[-1]
+
+    async def count_consumers(_queue: str) -> int:
+        raise AssertionError("a preferred binding never counts")
+
+    binding = RabbitQueueBinding(
+        0, "q0", "tag", open_channel, count_consumers, True, poll, lambda: 0.0, 60.0,
+        preferred=True,
+    )  # fmt: skip
+    async with asyncio.timeout(5):
+        while not binding.waiting:
+            await asyncio.sleep(0.001)
+    return binding
+
+
+def test_a_preferred_binding_in_line_does_not_wake_on_a_timer() -> None:
+    async def idle() -> None:
+        channels: list[FakeChannel] = []
+        binding = await preferred_in_line(channels, POLL)
+        await asyncio.sleep(POLL)
+        reads = channels[0].reads
+        await asyncio.sleep(30 * POLL)
+        assert channels[0].reads == reads, f"{channels[0].reads - reads} rounds in 30 polls"
+        assert binding.waiting and len(channels) == 1
+        await binding.close()
+
+    asyncio.run(idle())
+
+
+def test_a_closed_channel_is_seen_at_once_without_polling() -> None:
+    async def crash() -> None:
+        channels: list[FakeChannel] = []
+        binding = await preferred_in_line(channels, poll=60.0)  # a poll would take a minute
+        channels[0].broker_closes()
+        async with asyncio.timeout(1.0):
+            while len(channels) < 2 or not binding.waiting:
+                await asyncio.sleep(0.001)
+        assert not channels[1].closed, "it left the closed channel and joined the line again"
+        await binding.close()
+
+    asyncio.run(crash())
+
+
+def test_a_coordinated_standby_no_longer_preferred_leaves_an_idle_line(monkeypatch) -> None:
+    monkeypatch.setattr(binding_module, "LINE_SETTLE_SECONDS", 10 * POLL)
+
+    async def demoted() -> None:
+        channels: list[FakeChannel] = []
+        binding = await preferred_in_line(channels, POLL)
+        binding.set_coordinated()
+        binding.set_preferred(False)  # nobody holds the queue: the coordinator says nothing
+        await asyncio.sleep(5 * POLL)
+        assert not channels[0].closed, "it stays while the views of a mass start settle"
+        await asyncio.sleep(10 * POLL)
+        assert channels[0].closed and len(channels) == 1, "then it leaves, and stays out"
+        await binding.close()
+
+    asyncio.run(demoted())

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -24,6 +25,9 @@ from lbg.model.group import GroupConfig
 
 log = logging.getLogger(__name__)
 
+# What a loop binding's round returns to sleep until something wakes it (`_wake`), with no
+# timer: for a state that only an event ends (a set preference, a closed channel).
+UNTIL_WOKEN = math.inf
 # Every binding's epochs come from this one counter, so a delivery's epoch names the binding
 # and the stint it came from: a binding that wraps others (NATS stints) needs no other tag.
 _EPOCHS = itertools.count(1)
@@ -367,7 +371,8 @@ class LoopBinding(EpochBinding):
 
     @abc.abstractmethod
     async def _step(self) -> float:
-        """One round of the loop; returns how long to wait (unless woken) before the next."""
+        """One round of the loop; returns how long to wait (unless woken) before the next,
+        UNTIL_WOKEN to wait for `_wake` alone."""
 
     @abc.abstractmethod
     async def _failed(self, exc: Exception) -> float:
@@ -400,9 +405,12 @@ class LoopBinding(EpochBinding):
                 delay = await self._failed(ConnectionError("a broker call was cancelled under it"))
             except Exception as exc:
                 delay = await self._failed(exc)
-            if delay:
+            if delay == UNTIL_WOKEN:
+                await self._wake.wait()
+            elif delay:  # a timeout scope, not wait_for: no task per wait
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def _stop(self) -> None:
         """End the loop (on close), letting it finish its round for up to `close_grace` s."""

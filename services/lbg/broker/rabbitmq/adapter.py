@@ -43,7 +43,11 @@ from lbg.broker.base import (
     why,
 )
 from lbg.broker.rabbitmq import topology
-from lbg.broker.rabbitmq.binding import RabbitQueueBinding, header_text
+from lbg.broker.rabbitmq.binding import (
+    RabbitQueueBinding,
+    coordinated_look_seconds,
+    header_text,
+)
 from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.management import ManagementApi, path_segment
 from lbg.broker.rabbitmq.parking import RabbitParkingLot
@@ -201,7 +205,10 @@ class RabbitBroker(RabbitProvisioning, Broker):
 
     async def _open_channel(self, confirms: bool = False) -> AbstractChannel:
         connection = await self._conn()
-        return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
+        try:
+            return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
+        except RuntimeError as exc:  # aiormq: "<Connection ...> closed" under the call
+            raise ConnectionError(f"cannot open a channel: {why(exc)}") from None
 
     async def _channel(self, purpose: str) -> AbstractChannel:
         """A long-lived channel per purpose (publish, claims, control, probe), reopened when
@@ -397,6 +404,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
             self._count_consumers,
             exclusive=config.exclusive,
             poll_seconds=POLL_SECONDS,
+            look_seconds=coordinated_look_seconds(config.queue_count),
             paused_for=self._paused_for,
             stall_limit=self._heartbeat,
             preferred=preferred,

@@ -12,6 +12,13 @@ released queue goes to its preferred client. A dynamic member keeps each queue's
 preferred (its standby, who gets the queue the moment its owner's connection drops); one no
 longer preferred steps out of a held queue's line when its coordinator says so (step_out).
 
+Idle, a binding costs nothing per second: in the line and preferred, or active, its loop
+sleeps until its channel closes (the channel's close callback) or it is told something; only
+a standby that looks by itself wakes on a timer. A coordinated one counts the queue's
+consumers every `coordinated_look_seconds` while out of the line, and leaves a line it is no
+longer preferred in LINE_SETTLE_SECONDS after joining it (no count tells it whether someone
+else waits there).
+
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
 fails gives the queue up, so no delivery goes out without its stint's epoch.
@@ -22,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from lbg.broker.base import Delivery, LoopBinding, StateListener, why
+from lbg.broker.base import UNTIL_WOKEN, Delivery, LoopBinding, StateListener, why
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +47,21 @@ log = logging.getLogger(__name__)
 PREFETCH = 32
 # A coordinated standby that is not preferred counts the queue's consumers this seldom (not
 # every poll): its coordinator makes another member preferred when one goes (at QC 256 x 8
-# the counts were thousands of queue declarations a second).
+# the counts were thousands of queue declarations a second) ...
 COORDINATED_LOOK_SECONDS = 30.0
+# ... and a client's coordinated standbys together count about this many times a second at
+# most (every 30 s each, 7 members' standbys of QC 256 made 60 a second, 1.7 % of the broker).
+COORDINATED_LOOKS_PER_SECOND = 1.0
+# A coordinated standby no longer preferred leaves a line once it has stood in it this long
+# (idle lines are left alone while the views of a mass start settle, about a second).
+LINE_SETTLE_SECONDS = 2.0
+
+
+def coordinated_look_seconds(queue_count: int) -> float:
+    """How seldom each coordinated standby of a group of `queue_count` queues counts its
+    queue's consumers: a client's looks cost the broker the same at any queue count."""
+    return max(COORDINATED_LOOK_SECONDS, queue_count / COORDINATED_LOOKS_PER_SECOND)
+
 
 OpenChannel = Callable[[], Awaitable[AbstractChannel]]
 CountConsumers = Callable[[str], Awaitable[int]]
@@ -83,6 +104,7 @@ class RabbitQueueBinding(LoopBinding):
         preferred: bool = True,
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
+        look_seconds: float = COORDINATED_LOOK_SECONDS,
     ) -> None:
         super().__init__(queue, on_change, preferred)
         self._claim = claim
@@ -92,6 +114,7 @@ class RabbitQueueBinding(LoopBinding):
         self._count_consumers = count_consumers
         self._exclusive = exclusive
         self._poll = poll_seconds
+        self._look_seconds = look_seconds
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._stint: _Stint | None = None
@@ -124,7 +147,8 @@ class RabbitQueueBinding(LoopBinding):
 
     def set_coordinated(self) -> None:
         self._coordinated = True
-        self._next_look = time.monotonic() + COORDINATED_LOOK_SECONDS
+        # Spread, so that a client's standbys bound together do not all count at once.
+        self._next_look = time.monotonic() + random.uniform(0.5, 1.5) * self._look_seconds
 
     async def pinned_by(self) -> str | None:
         """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
@@ -177,36 +201,60 @@ class RabbitQueueBinding(LoopBinding):
         return 0.0
 
     async def _step(self) -> float:
-        """Join the line, leave it, or stay, as the steering rules say; then wait a poll."""
+        """Join the line, leave it, or stay, as the steering rules say; then wait for what can
+        change that: only a standby out of the line or not preferred in it looks on a timer."""
         stint = self._stint
         if not self._running.is_set():
             if self._active:
                 self._lose("stopped consuming")
             await self._leave_line()
             await self._running.wait()
-        elif stint is not None and not stint.tag:
+            return self._poll
+        if stint is not None and not stint.tag:
             await self._leave_line()
-        elif stint is not None and stint.channel.is_closed:
+            return self._poll
+        if stint is not None and stint.channel.is_closed:
             self._stint = None
             self._lose("channel closed by the broker")
-        elif stint is None:
-            if self._preferred or not self._exclusive or await self._nobody_there():
-                await self._join_line()
-        elif (
-            self._exclusive
-            and not self._preferred
-            and not self._active
-            and await self._crowded(stint)
-        ):
+            return self._poll
+        if stint is None:
+            if not (self._preferred or not self._exclusive or await self._nobody_there()):
+                return self._until_look(None)
+            await self._join_line()
+        elif self._looks_by_itself() and await self._crowded(stint):
             await self._leave_line()
-        return self._poll
+            return self._poll
+        if self._looks_by_itself():
+            return self._until_look(self._stint)
+        # Nothing to look at: a closed channel, a preference, a step out, a stop or a loss
+        # wakes the loop (a poll per binding was QC x CC wake-ups every 0.25 s, issue 25).
+        return UNTIL_WOKEN
+
+    def _looks_by_itself(self) -> bool:
+        """A standby not preferred on an exclusive queue: nothing tells it whether to join
+        or leave the line, so it looks now and then."""
+        return self._exclusive and not self._preferred and not self._active
+
+    def _until_look(self, stint: _Stint | None) -> float:
+        """The wait of a standby that looks by itself: a poll, or a coordinated one's wait
+        until its next count (out of the line) or until it leaves the line (in it)."""
+        if not self._coordinated:
+            return self._poll
+        due = self._next_look if stint is None else stint.since + LINE_SETTLE_SECONDS
+        return max(due - time.monotonic(), self._poll)
 
     async def _crowded(self, stint: _Stint) -> bool:
-        """Whether a standby no longer preferred should step out of the line: at once if its
-        coordinator says so, else once another consumer is there. (Left to the count, a
-        standby stayed in line behind the queue's owner: the count never came above 1.)"""
+        """Whether a standby not preferred should step out of the line: at once if its
+        coordinator says so; a coordinated one once it has stood in line LINE_SETTLE_SECONDS,
+        since its coordinator keeps another member preferred (left alone, the lines of idle
+        queues kept 4-5 consumers, a channel each, per queue at QC 256 x 8 after a mass
+        start); else once another consumer is there. (Left to the count, a standby stayed in
+        line behind the queue's owner: a single-active-consumer quorum queue counts its active
+        consumer only.)"""
         if stint.leaving:
             return True
+        if self._coordinated:
+            return time.monotonic() - stint.since >= LINE_SETTLE_SECONDS
         return time.monotonic() - stint.since > self._poll and await self._consumers() > 1
 
     async def _consumers(self) -> int:
@@ -214,15 +262,22 @@ class RabbitQueueBinding(LoopBinding):
 
     async def _nobody_there(self) -> bool:
         """Whether the queue has no consumer at all; a coordinated standby asks only every
-        COORDINATED_LOOK_SECONDS (False meanwhile)."""
-        now = time.monotonic()
-        if self._coordinated and now < self._next_look:
+        `coordinated_look_seconds` (False meanwhile)."""
+        if self._coordinated and not self._look():
             return False
-        self._next_look = now + COORDINATED_LOOK_SECONDS
         return not await self._consumers()
+
+    def _look(self) -> bool:
+        """Whether a coordinated standby's next look is due (then the one after is set)."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + self._look_seconds
+        return True
 
     async def _join_line(self) -> None:
         channel = await self._open_channel()
+        channel.close_callbacks.add(self._wake_on_close)
         await channel.set_qos(prefetch_count=PREFETCH)
         self._stints += 1
         stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
@@ -257,6 +312,11 @@ class RabbitQueueBinding(LoopBinding):
                 self._buffer.put_nowait(delivery)
 
         await queue.consume(on_message, consumer_tag=stint.tag)
+
+    def _wake_on_close(self, *_: object) -> None:
+        """A stint's channel closed (by the broker, a lost connection or this binding): the
+        loop sees to it now, not at its next poll."""
+        self._wake.set()
 
     async def _claim_for(self, stint: _Stint, epoch: int) -> None:
         """Claim the stint's ownership epoch, then release what it held back, tagged."""
