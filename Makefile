@@ -64,7 +64,7 @@ test: $(STAMP) $(RABBITMQ_SERVER) $(CHROMIUM) $(JAVA) $(POSTGRES_INITDB) $(IPTAB
 test-solace: $(STAMP)  ## the behaviour suite on a real Solace broker: needs LBG_TEST_SOLACE_* (README)
 	LBG_TEST_BROKERS=solace $(BIN)/python -m pytest -m "solace or not slow" tests/integration $(ARGS)
 
-test-messagedb: $(STAMP) $(POSTGRES_INITDB) $(IPTABLES)  ## the behaviour suite on Message DB (about 6 minutes)
+test-messagedb: $(STAMP) $(CHROMIUM) $(POSTGRES_INITDB) $(IPTABLES)  ## the behaviour suite on Message DB (about 6 minutes)
 	LBG_TEST_BROKERS=messagedb $(BIN)/python -m pytest tests/integration $(ARGS)
 
 test-slow: $(STAMP) $(RABBITMQ_SERVER) $(JAVA) $(IPTABLES)  ## the long soak, scale and failure tests the default run leaves out (~10 min; CI runs them)
