@@ -228,28 +228,24 @@ def test_a_client_whose_lock_connection_dies_stops_every_queue_before_another_ta
         first = await _broker(url, "first")
         second = await _broker(url, "second")
         changes: list[tuple[str, int, bool]] = []
+
+        async def bind_both(broker: Broker, name: str) -> list[QueueBinding]:
+            """Bind `client-<name>` to queues 0 and 1, noting every change of theirs."""
+            return [
+                await broker.bind(
+                    group,
+                    config,
+                    q,
+                    f"client-{name}",
+                    on_change=lambda q, on: changes.append((name, q, on)),
+                )
+                for q in (0, 1)
+            ]
+
         try:
-            a = [
-                await first.bind(
-                    group,
-                    config,
-                    q,
-                    "client-a",
-                    on_change=lambda q, on: changes.append(("a", q, on)),
-                )
-                for q in (0, 1)
-            ]
+            a = await bind_both(first, "a")
             await _until(lambda: all(b.active for b in a))
-            b = [
-                await second.bind(
-                    group,
-                    config,
-                    q,
-                    "client-b",
-                    on_change=lambda q, on: changes.append(("b", q, on)),
-                )
-                for q in (0, 1)
-            ]
+            b = await bind_both(second, "b")
             held = [await _take(binding, 3) for binding in a]
             for binding in a:
                 binding.set_preferred(False)
