@@ -6,6 +6,8 @@ import contextlib
 import logging
 import time
 
+from tests.support.clock import Clock
+
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
@@ -20,14 +22,6 @@ from lbg.settings import BrokerSettings
 
 URL = "memory://coordinator"
 CONFIG = GroupConfig(hash_prefix="hp", hash_count=1, queue_count=1)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def bind(client: str, preferred: bool = False) -> tuple[Broker, MemoryQueueBinding]:
@@ -55,7 +49,7 @@ def member(broker: Broker, mine: MemoryQueueBinding, clock: Clock) -> Coordinato
 
 
 def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> None:
-    clock = Clock()
+    clock = Clock(100)
 
     async def rounds() -> None:
         broker, (held,), mine = await held_by("not-heard-yet")
@@ -75,7 +69,7 @@ def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> N
 
 
 def test_a_member_that_hears_nothing_back_evicts_nobody_and_fences_itself() -> None:
-    clock = Clock()
+    clock = Clock(100)
 
     async def rounds() -> None:
         broker, (held,), mine = await held_by("not-heard-yet")
@@ -93,7 +87,7 @@ def test_a_member_that_hears_nothing_back_evicts_nobody_and_fences_itself() -> N
 
 
 def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
-    clock = Clock()
+    clock = Clock(100)
 
     async def rounds() -> None:
         broker, (first, second), mine = await held_by("first", "second")
@@ -134,7 +128,7 @@ async def idle_member(clock: Clock, looked: list[float]) -> Coordinator:
 
 
 def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_lookup_period() -> None:
-    clock = Clock()
+    clock = Clock(100)
     looked: list[float] = []
     period = LOOKUP_LEASES * 0.7
 
@@ -152,7 +146,7 @@ def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_look
 def test_a_queue_that_comes_back_to_this_member_is_looked_up_at_once() -> None:
     """A member that just left may have been pinned before it could say so: its queues'
     new owner asks who holds them at its next round, however recently it asked before."""
-    clock = Clock()
+    clock = Clock(100)
     looked: list[float] = []
 
     async def rounds() -> None:
@@ -173,7 +167,7 @@ def test_a_queue_that_comes_back_to_this_member_is_looked_up_at_once() -> None:
 
 
 def test_heartbeats_carry_the_queues_only_when_they_change_or_someone_asks() -> None:
-    clock = Clock()
+    clock = Clock(100)
     beats: list[Heartbeat] = []
 
     def hear(body: bytes) -> None:
@@ -245,7 +239,7 @@ def test_a_call_its_client_library_cancels_does_not_end_the_heartbeat_loop() -> 
 def test_a_heartbeat_that_says_the_same_again_renews_the_lease_unparsed(monkeypatch) -> None:
     """Most heartbeats repeat their member's last word with a new number: they renew its
     lease without being parsed; one that says something new is parsed and acted on."""
-    clock = Clock()
+    clock = Clock(100)
     parsed: list[bytes] = []
     decode = coordinator_module.decode_message
 
@@ -274,7 +268,7 @@ def test_a_heartbeat_that_says_the_same_again_renews_the_lease_unparsed(monkeypa
 def test_the_next_round_comes_when_a_silent_peers_lease_lapses_not_a_heartbeat_later() -> None:
     """A crashed peer is evicted as its lease and margin end: the round loop wakes then,
     instead of at its next heartbeat (up to an interval late)."""
-    clock = Clock()
+    clock = Clock(100)
 
     async def rounds() -> None:
         broker, _, mine = await held_by("other")
@@ -323,7 +317,7 @@ def test_rounds_that_run_late_are_logged_with_what_the_lease_tolerates(caplog) -
 def test_a_heartbeat_refused_as_a_member_joins_is_sent_again_at_the_next_round() -> None:
     """A connection reset while a member starts made its first heartbeat fail, and the client
     exited: the member joins all the same and beats at its next round."""
-    clock = Clock()
+    clock = Clock(100)
 
     async def rounds() -> list[str]:
         broker, _, mine = await held_by("other")

@@ -4,6 +4,7 @@ queue's standby waits for it, and a planned handover waits until only the new ow
 import asyncio
 
 import pytest
+from tests.support.clock import Clock
 
 from lbg.broker import connect_broker
 from lbg.broker.memory import reset_memory_brokers
@@ -14,14 +15,6 @@ from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
 URL = "memory://standbys"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeSteering:
@@ -86,7 +79,7 @@ async def beat(admin, coordinator, clock, member: str, owns: dict, wants=frozens
 def test_a_member_waits_in_line_for_the_queue_it_would_get_if_its_owner_went(
     standbys: bool, preferred: set[int]
 ) -> None:
-    clock = Clock()
+    clock = Clock(100)
     steering = FakeSteering({1})
 
     async def rounds() -> None:
@@ -99,7 +92,7 @@ def test_a_member_waits_in_line_for_the_queue_it_would_get_if_its_owner_went(
 
 
 def test_a_member_steps_out_of_a_held_queues_line_once_not_its_standby() -> None:
-    clock = Clock()
+    clock = Clock(100)
     steering = FakeSteering({1})
 
     async def rounds() -> None:
@@ -116,7 +109,7 @@ def test_a_member_steps_out_of_a_held_queues_line_once_not_its_standby() -> None
 
 
 def test_a_handover_waits_until_nobody_but_the_new_owner_waits_for_the_queue() -> None:
-    clock = Clock()
+    clock = Clock(100)
     steering = FakeSteering({0, 1})
 
     async def rounds() -> None:

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from tests.support.clock import Clock
 
 from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState
@@ -10,14 +11,6 @@ from lbg.model.lease import LeaseTerms, OwnLease
 
 TERMS = LeaseTerms(lease=0.7, margin=0.15)
 INTERVAL = 0.15
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_lease_rests_on_echoes_not_on_sends() -> None:

@@ -7,18 +7,11 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.support.clock import Clock
 
 from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState, queues_digest, unnumbered
 from lbg.model.messages import MalformedMessage
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def beat(member: str, state=MemberState.ACTIVE, owns=None, wants=()) -> Heartbeat:
@@ -26,7 +19,7 @@ def beat(member: str, state=MemberState.ACTIVE, owns=None, wants=()) -> Heartbea
 
 
 def test_a_member_is_gone_when_its_lease_lapses() -> None:
-    clock = Clock()
+    clock = Clock(100)
     view = MembershipView(lease=0.6, clock=clock)
     view.observe(beat("a"))
     view.observe(beat("b"))
@@ -38,7 +31,7 @@ def test_a_member_is_gone_when_its_lease_lapses() -> None:
 
 
 def test_a_leaving_member_gets_no_queues_but_keeps_its_claims_while_it_drains() -> None:
-    view = MembershipView(lease=10, clock=Clock())
+    view = MembershipView(lease=10, clock=Clock(100))
     view.observe(beat("a", owns={2: "pin-a"}))
     view.observe(beat("a", MemberState.LEAVING, owns={2: "pin-a"}))
     assert view.members() == []
@@ -48,7 +41,7 @@ def test_a_leaving_member_gets_no_queues_but_keeps_its_claims_while_it_drains() 
 
 
 def test_a_stalled_member_gets_no_queues_but_its_claims_still_count() -> None:
-    view = MembershipView(lease=10, clock=Clock())
+    view = MembershipView(lease=10, clock=Clock(100))
     view.observe(beat("a", MemberState.STALLED, owns={0: "pin-a"}))
     view.observe(beat("b"))
     assert view.members() == ["b"]
@@ -57,7 +50,7 @@ def test_a_stalled_member_gets_no_queues_but_its_claims_still_count() -> None:
 
 
 def test_the_latest_claim_of_a_queue_wins() -> None:
-    clock = Clock()
+    clock = Clock(100)
     view = MembershipView(lease=10, clock=clock)
     view.observe(beat("a", owns={1: "p1"}))
     clock.now += 0.1

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.support.clock import Clock
 
 from lbg.admin.move import MoveRefused, check_move
 from lbg.admin.status import group_status, routes
@@ -36,14 +37,6 @@ from lbg.model.hashing import bucket_for
 from lbg.model.messages import MalformedMessage
 from lbg.model.overrides import OverrideBook, assign_with_overrides
 from lbg.settings import BrokerSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def beat(member: str, state=MemberState.ACTIVE, owns=(), wants=(), generation=0) -> Heartbeat:
@@ -109,7 +102,7 @@ def test_a_malformed_operator_message_is_rejected(body: bytes) -> None:
 
 
 def test_the_newest_override_of_a_queue_wins_and_a_dropped_one_never_returns() -> None:
-    book = OverrideBook(Clock())
+    book = OverrideBook(Clock(100))
     assert book.offer(Override(1, "a", 10.0))
     assert not book.offer(Override(1, "b", 9.0)), "an older move must not win"
     assert not book.offer(Override(1, "a", 10.0)), "a repeat changes nothing"
@@ -123,7 +116,7 @@ def test_the_newest_override_of_a_queue_wins_and_a_dropped_one_never_returns() -
 
 
 def test_an_override_applies_only_while_its_member_is_among_the_members() -> None:
-    book = OverrideBook(Clock())
+    book = OverrideBook(Clock(100))
     book.offer(Override(0, "a", 1.0))
     book.offer(Override(2, "c", 1.0))
     assert book.active(["a", "b"]) == {0: "a"}
@@ -131,7 +124,7 @@ def test_an_override_applies_only_while_its_member_is_among_the_members() -> Non
 
 
 def test_merging_gossip_takes_newer_overrides_retires_dropped_ones_and_spots_laggards() -> None:
-    book = OverrideBook(Clock())
+    book = OverrideBook(Clock(100))
     book.offer(Override(0, "a", 5.0))
     book.offer(Override(1, "b", 5.0))
     book.drop_member("b")
@@ -149,7 +142,7 @@ def test_merging_gossip_takes_newer_overrides_retires_dropped_ones_and_spots_lag
 
 
 def test_an_override_of_a_member_nobody_heard_of_is_dropped_after_the_grace() -> None:
-    clock = Clock()
+    clock = Clock(100)
     book = OverrideBook(clock)
     book.offer(Override(0, "ghost", 1.0))
     book.offer(Override(1, "a", 1.0))
@@ -286,7 +279,7 @@ def coordinator(clock: Clock, active: tuple[int, ...] = (), **kwargs):
 def test_a_member_hears_of_a_newer_size_from_a_heartbeat_or_cg_admin() -> None:
     heard: list[int] = []
     coord, _sent, _bindings, _released = coordinator(
-        Clock(), generation=1, on_newer_generation=heard.append
+        Clock(100), generation=1, on_newer_generation=heard.append
     )
     coord._receive(beat("other", generation=1).encode())
     coord._receive(beat("old", generation=0).encode())
@@ -297,7 +290,7 @@ def test_a_member_hears_of_a_newer_size_from_a_heartbeat_or_cg_admin() -> None:
 
 
 def test_an_adopted_size_spans_the_assignment_and_travels_in_the_heartbeats() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, sent, bindings, _released = coordinator(clock, active=(0, 1, 2, 3))
     coord._receive(beat("other").encode())
     assert sorted(coord.desired) == [0, 1, 2, 3]
@@ -315,7 +308,7 @@ def test_an_adopted_size_spans_the_assignment_and_travels_in_the_heartbeats() ->
 
 
 def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, _sent, bindings, released = coordinator(clock, active=(0, 1))
     coord._receive(beat("other", owns=[2, 3]).encode())
     coord.rebalance()
@@ -330,7 +323,7 @@ def test_the_coordinator_applies_a_move_and_releases_to_the_ready_target() -> No
 
 
 def test_the_coordinator_repeats_its_overrides_and_answers_a_probe() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, sent, _bindings, _released = coordinator(clock)
     coord._receive(beat("other").encode())
     asyncio.run(coord.tick())
@@ -352,14 +345,14 @@ def test_the_coordinator_repeats_its_overrides_and_answers_a_probe() -> None:
 
 
 def test_a_later_member_learns_overrides_from_gossip() -> None:
-    coord, _sent, _bindings, _released = coordinator(Clock())
+    coord, _sent, _bindings, _released = coordinator(Clock(100))
     coord._receive(beat("other").encode())
     coord._receive(encode_gossip("other", [Override(2, "me", 3.0), Override(1, "other", 3.0)]))
     assert coord.desired[2] == "me" and coord.desired[1] == "other"
 
 
 def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, _sent, _bindings, _released = coordinator(clock)
     for member in ("x", "y"):
         coord._receive(beat(member).encode())
@@ -375,7 +368,7 @@ def test_an_override_is_dropped_when_its_member_leaves_or_dies() -> None:
 
 
 def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, sent, _bindings, _released = coordinator(clock)
     coord._receive(beat("x").encode())
     coord._receive(encode_move(Override(0, "x", 1.0)))
@@ -389,7 +382,7 @@ def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
     asyncio.run(coord.tick())
     replies = [m for b in sent if isinstance(m := decode_control(b), OverrideGossip)]
     assert replies == [OverrideGossip("me", (), ((0, 1.0),))]
-    other, *_ = coordinator(Clock())
+    other, *_ = coordinator(Clock(100))
     other._receive(beat("x").encode())
     other._receive(encode_move(Override(0, "x", 1.0)))
     other._receive(encode_gossip("me", [], {0: 1.0}))
@@ -397,7 +390,7 @@ def test_a_member_that_missed_a_drop_learns_it_from_the_others() -> None:
 
 
 def test_a_member_whose_own_heartbeats_lapsed_drops_the_overrides_to_itself() -> None:
-    clock = Clock()
+    clock = Clock(100)
     coord, _sent, _bindings, _released = coordinator(clock)
     coord._receive(encode_move(Override(0, "me", 1.0)))
     clock.now += 5.0  # SIGSTOP: the others counted it gone and dropped the override
@@ -407,7 +400,7 @@ def test_a_member_whose_own_heartbeats_lapsed_drops_the_overrides_to_itself() ->
 
 
 def test_a_leaving_member_drops_the_overrides_that_pin_queues_to_it() -> None:
-    coord, _sent, _bindings, _released = coordinator(Clock())
+    coord, _sent, _bindings, _released = coordinator(Clock(100))
     coord._receive(beat("other").encode())
     coord._receive(encode_move(Override(0, "me", 1.0)))
     asyncio.run(coord.leave())

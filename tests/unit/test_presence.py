@@ -3,20 +3,14 @@ the broker says its connection closed and nothing was heard from it meanwhile.""
 
 import asyncio
 
+from tests.support.clock import Clock
+
 from lbg.client.membership import MembershipView
 from lbg.client.presence import PresenceProbes
 from lbg.model.control import Heartbeat, MemberState
 from lbg.model.lease import LeaseTerms, OwnLease
 
 TERMS = LeaseTerms(lease=0.7, margin=0.15)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Broker:

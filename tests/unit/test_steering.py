@@ -4,6 +4,8 @@ reading every binding each round, and the preferences it sets."""
 from dataclasses import dataclass
 from typing import Any, cast
 
+from tests.support.clock import Clock
+
 from lbg.client.steering import BindingSteering, Holding
 
 
@@ -36,20 +38,12 @@ class FakeBinding:
         self.told += 1
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def steering(bindings: dict[int, FakeBinding], clock: Clock) -> BindingSteering:
     return BindingSteering(cast(dict[int, Any], bindings), lambda q: None, clock)
 
 
 def test_a_round_reads_only_what_may_be_held_until_the_full_read_is_due() -> None:
-    clock = Clock()
+    clock = Clock(10)
     bindings = {q: FakeBinding() for q in range(100)}
     steer = steering(bindings, clock)
     assert steer.holdings() == {}, "the first round reads everything: nothing held"
@@ -63,7 +57,7 @@ def test_a_round_reads_only_what_may_be_held_until_the_full_read_is_due() -> Non
 
 
 def test_a_binding_that_says_it_changed_is_read_at_the_next_round() -> None:
-    clock = Clock()
+    clock = Clock(10)
     bindings = {q: FakeBinding() for q in range(10)}
     steer = steering(bindings, clock)
     steer.holdings()
@@ -77,7 +71,7 @@ def test_a_binding_that_says_it_changed_is_read_at_the_next_round() -> None:
 
 
 def test_preferences_are_told_once_and_again_to_a_new_binding_of_the_queue() -> None:
-    clock = Clock()
+    clock = Clock(10)
     bindings = {q: FakeBinding() for q in range(4)}
     steer = steering(bindings, clock)
     steer.prefer_only([1, 2])
@@ -94,7 +88,7 @@ def test_a_waiting_binding_is_taken_as_waiting_between_reads_and_a_new_one_read_
     """An idle member waits for many queues: each is read once per WAITING_READ_SECONDS,
     not every round; a preferred binding that does not wait yet is read every round, and
     one that stopped waiting without a word is seen within that time."""
-    clock = Clock()
+    clock = Clock(10)
     bindings = {q: FakeBinding() for q in range(40)}
     steer = steering(bindings, clock)
     steer.holdings()
@@ -128,7 +122,7 @@ def preferred_in_a_line(clock: Clock) -> tuple[dict[int, FakeBinding], BindingSt
 def test_a_binding_whose_wait_may_end_by_itself_is_read_every_round() -> None:
     """Where a lost connection or consumer ends the wait (`steady_waiting` False: RabbitMQ's
     line, for one), a waiting binding is read at every round as before."""
-    clock = Clock()
+    clock = Clock(10)
     bindings, steer = preferred_in_a_line(clock)
     for _ in range(3):
         clock.now += 0.15
@@ -141,7 +135,7 @@ def test_a_binding_whose_wait_may_end_by_itself_is_read_every_round() -> None:
 def test_a_binding_still_waiting_though_no_longer_preferred_is_read_every_round() -> None:
     """RabbitMQ's standby told to step out of a queue's line waits until its consumer is
     gone: it is read at every round while it does."""
-    clock = Clock()
+    clock = Clock(10)
     bindings, steer = preferred_in_a_line(clock)
     clock.now += 0.15
     steer.holdings()
