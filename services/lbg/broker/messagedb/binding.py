@@ -46,7 +46,7 @@ from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.locks import LOST, Hold
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
-from lbg.broker.messagedb.shared import Shared
+from lbg.broker.messagedb.shared import REFRESH_SECONDS, Shared
 from lbg.model.generations import Generation, members_for
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 BATCH = 200
 MAX_OUTSTANDING = 1000
 FLUSH_SECONDS = 0.2
-REFRESH_SECONDS = 1.0
 STANDBY_CHECKS = 2
 STANDBY_FACTOR = 3
 CLOSE_SECONDS = 5.0
@@ -63,6 +62,8 @@ CLOSE_SECONDS = 5.0
 COORDINATED_LOOK_SECONDS = 30.0
 # A preferred standby tries its lock this often when nothing wakes it sooner (a missed wake-up).
 FREED_FALLBACK_SECONDS = 2.0
+# A holder with nothing to read or record looks again this often if nothing wakes it sooner.
+SETTLED_FALLBACK_SECONDS = 10.0
 
 DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
@@ -365,10 +366,13 @@ class MessageDbBinding(LoopBinding):
             head = await self._shared.head.get(time.monotonic() - self._poll)
             if head < self._next:
                 # Nothing new in the category: the client's one watcher wakes this loop,
-                # and so does the next flush while anything is left to record.
+                # and so does the next flush while anything is left to record; once nothing
+                # is, a resize (the client's one watcher of the generations) or a fallback.
                 self._shared.wake_past(self._next, self._wake)
-                settled = not self._positions.outstanding and self._positions.due() is None
-                return REFRESH_SECONDS if settled else FLUSH_SECONDS
+                if self._positions.outstanding or self._positions.due() is not None:
+                    return FLUSH_SECONDS
+                self._shared.wake_on_resize(self._generations, self._wake)
+                return SETTLED_FALLBACK_SECONDS
         epoch = self._epoch
         rows = await self._db.fetch(
             f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",

@@ -2,9 +2,9 @@
 with its queue count: its lock connection (locks.py), its reader pool, and the reads every
 binding would otherwise repeat each poll (the group's generations, who holds which member
 lock, how far the category goes), each done once for all of them. A holder with nothing new
-to read sleeps until one watcher of the category's head sees a position it waits for; a
-preferred standby sleeps until its holder's release wakes it (locks.py) or one watcher of the
-group's holders sees its member free.
+to read sleeps until one watcher of the category's head sees a position it waits for, or one
+watcher of the group's generations a resize; a preferred standby sleeps until its holder's
+release wakes it (locks.py) or one watcher of the group's holders sees its member free.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from lbg.broker.messagedb.locks import MemberLocks
 from lbg.model.generations import Generation
 
 T = TypeVar("T")
+
+# How old the generations a binding reads may be: a resize is seen this late at most.
+REFRESH_SECONDS = 1.0
 
 HOLDERS_SQL = """
 SELECT l.objid::bigint AS member_key, l.pid FROM pg_locks l
@@ -125,6 +128,7 @@ class Shared:
         self.head: Fresh[int] = Fresh(lambda: _head(db, category))
         self._head_watch = Watch(self.head, poll_seconds, "messagedb-head-watcher")
         self._free_watch = Watch(self.holders, poll_seconds, "messagedb-free-watcher")
+        self._resize_watch = Watch(self.generations, REFRESH_SECONDS, "messagedb-resize-watcher")
 
     def wake_past(self, position: int, wake: asyncio.Event) -> None:
         """Set `wake` once the category's head reaches `position` (or its read fails)."""
@@ -135,13 +139,22 @@ class Shared:
         fails): what a lock freed without a release (its holder's session ended) needs."""
         self._free_watch.wake_when(lambda holders: member_key not in holders, wake)
 
+    def wake_on_resize(self, known: list[Generation], wake: asyncio.Event) -> None:
+        """Set `wake` once the group's generations differ from `known` (or the read fails):
+        a settled holder need not look at them itself."""
+        self._resize_watch.wake_when(lambda now: now != known, wake)
+
     def forget(self, wake: asyncio.Event) -> None:
-        self._head_watch.forget(wake)
-        self._free_watch.forget(wake)
+        for watch in self._watches:
+            watch.forget(wake)
+
+    @property
+    def _watches(self) -> tuple[Watch, ...]:
+        return (self._head_watch, self._free_watch, self._resize_watch)
 
     async def close(self) -> None:
-        await self._head_watch.close()
-        await self._free_watch.close()
+        for watch in self._watches:
+            await watch.close()
 
 
 async def _holders(db: asyncpg.Pool, lock_class: int) -> dict[int, int]:
