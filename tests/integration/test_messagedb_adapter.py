@@ -1,6 +1,7 @@
 """The Message DB adapter's own guarantees, on a real PostgreSQL: one active reader per member
-(an advisory lock), positions recorded the Message DB way, standbys taking over, a client's
-locks on one connection of its own whatever its queue count."""
+(an advisory lock), positions recorded the Message DB way, standbys taking over (woken when
+the lock is freed, not retrying), a client's locks on one connection of its own whatever its
+queue count."""
 
 import asyncio
 import uuid
