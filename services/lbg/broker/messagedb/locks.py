@@ -15,8 +15,8 @@ member while its successor queue waits for it): a key held here is refused to th
 A standby need not keep trying a lock somebody holds: releasing one sends a NOTIFY on its
 group's channel (its lock class), which every client waiting for a lock of that group hears on
 its lock connection and wakes the waiter of that member. A session that ends frees its locks
-without any NOTIFY (a crash): the waiter's own slower retry, or its coordinator's word that
-the owner is gone, covers that.
+without any NOTIFY (a crash): the client's look at the group's holders (shared.py), or the
+waiter's own slower retry, covers that.
 """
 
 from __future__ import annotations
