@@ -1,6 +1,7 @@
 """The Message DB adapter's own guarantees, on a real PostgreSQL: one active reader per member
-(an advisory lock), positions recorded the Message DB way, standbys taking over, a client's
-locks on one connection of its own whatever its queue count."""
+(an advisory lock), positions recorded the Message DB way, standbys taking over (woken when
+the lock is freed, not retrying), a client's locks on one connection of its own whatever its
+queue count."""
 
 import asyncio
 import uuid
@@ -13,6 +14,8 @@ from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
 from lbg.broker.messagedb.adapter import CLIENT_CONNECTIONS
+from lbg.broker.messagedb.binding import FREED_FALLBACK_SECONDS
+from lbg.broker.messagedb.locks import MemberLocks
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -290,3 +293,87 @@ def test_two_bindings_of_one_client_never_both_hold_a_member(url: str) -> None:
             await client.close()
 
     _run(url, scenario)
+
+
+async def _takeover_seconds(binding: QueueBinding) -> float:
+    """How long until `binding` holds its member (at most 2 fallback periods)."""
+    started = asyncio.get_running_loop().time()
+    await _until(lambda: binding.active, 2 * FREED_FALLBACK_SECONDS)
+    return asyncio.get_running_loop().time() - started
+
+
+def _with_a_waiting_standby(
+    url: str, free: Callable[[QueueBinding, QueueBinding], Awaitable[None]]
+) -> float:
+    """A holder and a preferred standby that tried its lock in vain and waits; `free(holder,
+    standby)` frees the member: how long the standby then took to hold it."""
+    took: list[float] = []
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        first = await _broker(url, "first")
+        second = await _broker(url, "second")
+        try:
+            holder = await first.bind(group, config, 1, "client-a")
+            await _until(lambda: holder.active)
+            standby = await second.bind(group, config, 1, "client-b")
+            await asyncio.sleep(FREED_FALLBACK_SECONDS / 3)  # it tried, and waits
+            assert standby.waiting and not standby.active
+            await free(holder, standby)
+            took.append(await _takeover_seconds(standby))
+            await standby.close()
+            await holder.close()
+        finally:
+            await first.close()
+            await second.close()
+
+    _run(url, scenario)
+    return took[0]
+
+
+def test_a_released_member_wakes_its_waiting_standby_at_once(url: str) -> None:
+    """The holder's release NOTIFYs the group's channel: the standby does not wait for its
+    next try, FREED_FALLBACK_SECONDS after its last."""
+
+    async def release(holder: QueueBinding, _standby: QueueBinding) -> None:
+        await holder.close()
+
+    took = _with_a_waiting_standby(url, release)
+    assert took < FREED_FALLBACK_SECONDS / 4, f"took {took:.2f} s"
+
+
+def test_a_member_freed_without_a_release_wakes_its_waiting_standby_within_a_poll(
+    url: str,
+) -> None:
+    """A holder whose session ends frees its lock without a NOTIFY (a crash): the client's
+    one watcher of the group's holders sees it free and wakes the standby."""
+
+    async def end_session(holder: QueueBinding, _standby: QueueBinding) -> None:
+        holder.set_preferred(False)
+        assert await _sql(url, "SELECT pg_terminate_backend($1)", int(holder.pin or 0))
+
+    took = _with_a_waiting_standby(url, end_session)
+    assert took < FREED_FALLBACK_SECONDS / 4, f"took {took:.2f} s"
+
+
+def test_a_release_wakes_the_other_clients_waiting_for_that_member_lock_only(url: str) -> None:
+    """The release's NOTIFY on the group's channel, heard on the waiter's lock connection."""
+
+    async def main() -> None:
+        holder, waiter = (MemberLocks(lambda: asyncpg.connect(url)) for _ in range(2))
+        keys, other = (1234567, 3), (1234567, 4)
+        try:
+            held = [await holder.try_lock(k, lambda _: None) for k in (keys, other)]
+            woken, not_woken = asyncio.Event(), asyncio.Event()
+            assert await waiter.try_lock(keys, lambda _: None, woken) is None
+            assert await waiter.try_lock(other, lambda _: None, not_woken) is None
+            assert held[0] is not None
+            await holder.release(held[0])
+            await asyncio.wait_for(woken.wait(), FREED_FALLBACK_SECONDS / 4)
+            await asyncio.sleep(0.2)
+            assert not not_woken.is_set(), "woken by another member's release"
+            assert await waiter.try_lock(keys, lambda _: None) is not None
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    asyncio.run(main())

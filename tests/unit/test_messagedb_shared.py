@@ -1,11 +1,12 @@
 """The reads a Message DB client's bindings share (shared.Fresh): one read serves every caller
 that can take it, and a caller that must see what was committed before it asked never gets a
-read that started earlier."""
+read that started earlier; and the watchers over them (shared.Watch) that wake bindings asleep
+until a read shows what they wait for."""
 
 import asyncio
 import time
 
-from lbg.broker.messagedb.shared import Fresh
+from lbg.broker.messagedb.shared import Fresh, Watch
 
 
 class Source:
@@ -59,5 +60,38 @@ def test_a_failed_read_reaches_every_caller_and_the_next_call_reads_again() -> N
         assert all(isinstance(r, ConnectionError) for r in results)
         source.fail = False
         assert await fresh.get(since) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_watch_reads_once_a_period_for_every_waiter_and_wakes_each_when_ready() -> None:
+    async def scenario() -> None:
+        source = Source()
+        watch = Watch(Fresh(source.read), 0.05, "test-watch")
+        wakes = {n: asyncio.Event() for n in (3, 5, 1000)}
+        for n, wake in wakes.items():
+            watch.wake_when(lambda read, n=n: read >= n, wake)
+        await asyncio.wait_for(wakes[5].wait(), 2)
+        assert wakes[3].is_set() and not wakes[1000].is_set()
+        assert source.reads <= 6, "not one read per period for all the waiters"
+        watch.forget(wakes[1000])
+        reads = source.reads
+        await asyncio.sleep(0.3)
+        assert source.reads <= reads + 1, "still reading with nobody waiting"
+        await watch.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_watch_wakes_every_waiter_when_its_read_fails() -> None:
+    async def scenario() -> None:
+        source = Source()
+        source.fail = True
+        watch = Watch(Fresh(source.read), 0.01, "test-watch")
+        wakes = [asyncio.Event() for _ in range(3)]
+        for wake in wakes:
+            watch.wake_when(lambda _read: False, wake)
+        await asyncio.wait_for(asyncio.gather(*(w.wait() for w in wakes)), 2)
+        await watch.close()
 
     asyncio.run(scenario())

@@ -23,8 +23,11 @@ has one, plus, in the current size S, the members r >= S of older generations wi
 of an older generation ends once drained up to its switch position; a stint of a newer one
 starts only when every member of the generation before it is drained.
 
-Steering: a preferred binding tries the lock every poll; the others only after seeing it free
-on two slower checks in a row, so a released member goes to its primary.
+Steering: a preferred binding tries the lock when it may succeed: when the holder's release
+wakes it (locks.py), when the client's one watcher of the group's holders sees the member free
+(a crashed holder's session freed it without a release), and every FREED_FALLBACK_SECONDS
+anyway; the others try only after seeing it free on two slower checks in a row, so a released
+member goes to its primary.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.locks import LOST, Hold
 from lbg.broker.messagedb.positions import Positions
 from lbg.broker.messagedb.rows import COLUMNS, read_row
-from lbg.broker.messagedb.shared import Shared
+from lbg.broker.messagedb.shared import REFRESH_SECONDS, Shared
 from lbg.model.generations import Generation, members_for
 
 log = logging.getLogger(__name__)
@@ -51,13 +54,16 @@ log = logging.getLogger(__name__)
 BATCH = 200
 MAX_OUTSTANDING = 1000
 FLUSH_SECONDS = 0.2
-REFRESH_SECONDS = 1.0
 STANDBY_CHECKS = 2
 STANDBY_FACTOR = 3
 CLOSE_SECONDS = 5.0
 # A coordinated standby that is not preferred looks at its member's lock this seldom: its
 # coordinator makes another member preferred when one goes (as on RabbitMQ).
 COORDINATED_LOOK_SECONDS = 30.0
+# A preferred standby tries its lock this often when nothing wakes it sooner (a missed wake-up).
+FREED_FALLBACK_SECONDS = 2.0
+# A holder with nothing to read or record looks again this often if nothing wakes it sooner.
+SETTLED_FALLBACK_SECONDS = 10.0
 
 DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
@@ -311,6 +317,7 @@ class MessageDbBinding(LoopBinding):
         return True
 
     async def _take(self) -> float:
+        self._shared.forget(self._wake)  # (a watch left from a try before this one)
         stint = await self._next_stint()
         if stint is None or not await self._safe_to_start(stint[0]):
             self._stint = None
@@ -325,7 +332,11 @@ class MessageDbBinding(LoopBinding):
             self._free_seen += 1
             if self._free_seen < STANDBY_CHECKS:
                 return self._poll * STANDBY_FACTOR
-        hold = await self._locks.try_lock(self._keys(), self._lock_lost)
+        wake = self._wake if self._preferred else None  # woken when the holder releases it
+        hold = await self._locks.try_lock(self._keys(), self._lock_lost, wake)
+        if hold is None and self._preferred:
+            self._shared.wake_when_free(self._keys()[1], self._wake)
+            return FREED_FALLBACK_SECONDS
         if hold is None:
             return self._poll
         self._hold = hold
@@ -355,10 +366,13 @@ class MessageDbBinding(LoopBinding):
             head = await self._shared.head.get(time.monotonic() - self._poll)
             if head < self._next:
                 # Nothing new in the category: the client's one watcher wakes this loop,
-                # and so does the next flush while anything is left to record.
+                # and so does the next flush while anything is left to record; once nothing
+                # is, a resize (the client's one watcher of the generations) or a fallback.
                 self._shared.wake_past(self._next, self._wake)
-                settled = not self._positions.outstanding and self._positions.due() is None
-                return REFRESH_SECONDS if settled else FLUSH_SECONDS
+                if self._positions.outstanding or self._positions.due() is not None:
+                    return FLUSH_SECONDS
+                self._shared.wake_on_resize(self._generations, self._wake)
+                return SETTLED_FALLBACK_SECONDS
         epoch = self._epoch
         rows = await self._db.fetch(
             f"SELECT {COLUMNS} FROM message_store.get_category_messages($1, $2, $3, NULL, $4, $5)",

@@ -11,6 +11,12 @@ same connection through `run`, which refuses a hold taken on an earlier connecti
 either happens while the lock is held or fails. Session locks are reentrant, so two bindings
 of one client must never both take a member's lock (a queue draining an old generation's
 member while its successor queue waits for it): a key held here is refused to the others.
+
+A standby need not keep trying a lock somebody holds: releasing one sends a NOTIFY on its
+group's channel (its lock class), which every client waiting for a lock of that group hears on
+its lock connection and wakes the waiter of that member. A session that ends frees its locks
+without any NOTIFY (a crash): the client's look at the group's holders (shared.py), or the
+waiter's own slower retry, covers that.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ Connect = Callable[[], Awaitable[asyncpg.Connection]]
 Lost = Callable[[str], None]
 
 LOST = "connection to the database lost (the member lock with it)"
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1, $2), pg_notify($3, $4)"
+FREED_PREFIX = "lbgfreed_"
+
+
+def freed_channel(lock_class: int) -> str:
+    """The NOTIFY channel that says a member lock of this class (one group's) was freed."""
+    return f"{FREED_PREFIX}{lock_class}"
 
 
 class LockLost(ConnectionError):
@@ -53,6 +66,8 @@ class MemberLocks:
         self._session = 0
         self._mutex = asyncio.Lock()
         self._held: dict[Keys, tuple[Hold, Lost]] = {}
+        self._waiters: dict[Keys, set[asyncio.Event]] = {}
+        self._listening: set[int] = set()
 
     @property
     def pid(self) -> int | None:
@@ -77,6 +92,7 @@ class MemberLocks:
         if self._conn is None or self._conn.is_closed():
             self._lost()
             self._conn = await self._connect()
+            self._listening = set()
             self._session += 1
             session = self._session
             self._conn.add_termination_listener(lambda _conn: self._closed(session))
@@ -87,20 +103,45 @@ class MemberLocks:
             self._lost()
 
     def _lost(self) -> None:
-        """Every lock went with the connection: tell each holder at once."""
+        """Every lock went with the connection: tell each holder at once, and wake each
+        waiter (its LISTEN went too, and the server may have freed the lock it waits for)."""
         held, self._held = self._held, {}
         for _, lost in held.values():
             lost(LOST)
+        waiters, self._waiters = self._waiters, {}
+        for wakes in waiters.values():
+            for wake in wakes:
+                wake.set()
 
-    async def try_lock(self, keys: Keys, lost: Lost) -> Hold | None:
+    def _freed(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        """A member lock of a group listened to was released: wake whoever waits for it."""
+        keys = (int(channel.removeprefix(FREED_PREFIX)), int(payload))
+        for wake in self._waiters.pop(keys, ()):
+            wake.set()
+
+    async def _listen(self, conn: asyncpg.Connection, lock_class: int) -> None:
+        """Hear the releases of a group's locks on this connection (once per session)."""
+        if lock_class not in self._listening:
+            await conn.add_listener(freed_channel(lock_class), self._freed)
+            self._listening.add(lock_class)
+
+    async def try_lock(
+        self, keys: Keys, lost: Lost, wake: asyncio.Event | None = None
+    ) -> Hold | None:
         """Take the member lock if nobody holds it; `lost` is called if it goes with the
-        connection (not when released)."""
+        connection (not when released). If it is held, `wake` is set once it is released
+        (listening starts before the try, so no release after it goes unheard)."""
         async with self._mutex:
-            if keys in self._held:
-                return None
             conn = await self._connection()
-            if not await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", *keys):
+            if wake is not None:
+                await self._listen(conn, keys[0])
+                self._waiters.setdefault(keys, set()).add(wake)
+            if keys in self._held or not await conn.fetchval(
+                "SELECT pg_try_advisory_lock($1, $2)", *keys
+            ):
                 return None
+            if wake is not None:
+                self._waiters.get(keys, set()).discard(wake)
             hold = Hold(keys, self._session)
             self._held[keys] = (hold, lost)
             return hold
@@ -123,7 +164,9 @@ class MemberLocks:
             if last is not None:
                 with contextlib.suppress(asyncpg.PostgresError):
                     await last(conn)
-            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *hold.keys)
+            await conn.execute(
+                UNLOCK_SQL, *hold.keys, freed_channel(hold.keys[0]), str(hold.keys[1])
+            )
 
     def _holding(self, hold: Hold) -> asyncpg.Connection:
         if not self.holds(hold):
@@ -136,6 +179,7 @@ class MemberLocks:
         async with self._mutex:
             conn, self._conn = self._conn, None
             self._held.clear()
+            self._waiters.clear()
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close(timeout=2)

@@ -2,7 +2,9 @@
 with its queue count: its lock connection (locks.py), its reader pool, and the reads every
 binding would otherwise repeat each poll (the group's generations, who holds which member
 lock, how far the category goes), each done once for all of them. A holder with nothing new
-to read sleeps until one watcher of the category's head sees a position it waits for.
+to read sleeps until one watcher of the category's head sees a position it waits for, or one
+watcher of the group's generations a resize; a preferred standby sleeps until its holder's
+release wakes it (locks.py) or one watcher of the group's holders sees its member free.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from lbg.broker.messagedb.locks import MemberLocks
 from lbg.model.generations import Generation
 
 T = TypeVar("T")
+
+# How old the generations a binding reads may be: a resize is seen this late at most.
+REFRESH_SECONDS = 1.0
 
 HOLDERS_SQL = """
 SELECT l.objid::bigint AS member_key, l.pid FROM pg_locks l
@@ -62,6 +67,48 @@ class Fresh(Generic[T]):
             self._value = (started, value)
 
 
+class Watch(Generic[T]):
+    """Wakes each waiter once a shared read shows what it waits for (or fails: each waiter
+    then meets the failure in its own read): one read every period while anyone waits,
+    started after they asked, however many wait."""
+
+    def __init__(self, fresh: Fresh[T], period: float, name: str) -> None:
+        self._fresh = fresh
+        self._period = period
+        self._name = name
+        self._waiting: dict[asyncio.Event, Callable[[T], bool]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def wake_when(self, ready: Callable[[T], bool], wake: asyncio.Event) -> None:
+        self._waiting[wake] = ready
+        if self._task is None:
+            self._task = asyncio.create_task(self._watch(), name=self._name)
+
+    def forget(self, wake: asyncio.Event) -> None:
+        self._waiting.pop(wake, None)
+
+    async def _watch(self) -> None:
+        try:
+            while self._waiting:
+                await asyncio.sleep(self._period)
+                try:
+                    value = await self._fresh.get(time.monotonic())
+                except Exception:
+                    value = None
+                for wake, ready in list(self._waiting.items()):
+                    if value is None or ready(value):
+                        del self._waiting[wake]
+                        wake.set()
+        finally:
+            self._task = None
+
+    async def close(self) -> None:
+        self._waiting.clear()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._task)
+
+
 class Shared:
     """One client's share of a group: its locks, its readers, and the shared reads."""
 
@@ -79,40 +126,35 @@ class Shared:
         self.generations: Fresh[list[Generation]] = Fresh(lambda: generations.load(db, group))
         self.holders: Fresh[dict[int, int]] = Fresh(lambda: _holders(db, lock_class))
         self.head: Fresh[int] = Fresh(lambda: _head(db, category))
-        self._poll = poll_seconds
-        self._waiting: dict[asyncio.Event, int] = {}
-        self._watcher: asyncio.Task[None] | None = None
+        self._head_watch = Watch(self.head, poll_seconds, "messagedb-head-watcher")
+        self._free_watch = Watch(self.holders, poll_seconds, "messagedb-free-watcher")
+        self._resize_watch = Watch(self.generations, REFRESH_SECONDS, "messagedb-resize-watcher")
 
     def wake_past(self, position: int, wake: asyncio.Event) -> None:
         """Set `wake` once the category's head reaches `position` (or its read fails)."""
-        self._waiting[wake] = position
-        if self._watcher is None:
-            self._watcher = asyncio.create_task(self._watch(), name="messagedb-head-watcher")
+        self._head_watch.wake_when(lambda head: head >= position, wake)
+
+    def wake_when_free(self, member_key: int, wake: asyncio.Event) -> None:
+        """Set `wake` once nobody holds the member lock of that second key (or the read
+        fails): what a lock freed without a release (its holder's session ended) needs."""
+        self._free_watch.wake_when(lambda holders: member_key not in holders, wake)
+
+    def wake_on_resize(self, known: list[Generation], wake: asyncio.Event) -> None:
+        """Set `wake` once the group's generations differ from `known` (or the read fails):
+        a settled holder need not look at them itself."""
+        self._resize_watch.wake_when(lambda now: now != known, wake)
 
     def forget(self, wake: asyncio.Event) -> None:
-        self._waiting.pop(wake, None)
+        for watch in self._watches:
+            watch.forget(wake)
 
-    async def _watch(self) -> None:
-        """Read the head every poll while anyone waits (a read started after they asked)."""
-        try:
-            while self._waiting:
-                await asyncio.sleep(self._poll)
-                try:
-                    head = await self.head.get(time.monotonic())
-                except Exception:
-                    head = None  # each waiter meets the failure in its own read
-                for wake, position in list(self._waiting.items()):
-                    if head is None or head >= position:
-                        del self._waiting[wake]
-                        wake.set()
-        finally:
-            self._watcher = None
+    @property
+    def _watches(self) -> tuple[Watch, ...]:
+        return (self._head_watch, self._free_watch, self._resize_watch)
 
     async def close(self) -> None:
-        self._waiting.clear()
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):
-                await cancel_and_wait(self._watcher)
+        for watch in self._watches:
+            await watch.close()
 
 
 async def _holders(db: asyncpg.Pool, lock_class: int) -> dict[int, int]:
