@@ -2,10 +2,11 @@
 
 For each size (queues x dynamic clients) on each broker, in one run: a fresh group, the clients
 started and settled (every queue served), then over a quiet window the clients' CPU, the
-broker's CPU and the control channel's bytes/s (heartbeats and gossip); then one more client
-joins (process start to its 'joined' line) and one is killed -9 (until a peer logs it gone,
-which is when its queues are evicted and move: with no events flowing nothing is pinned, so
-"served" cannot be observed). The cost should follow the events, not the queue count (issue 25).
+broker's CPU and the control channel's bytes/s (heartbeats and gossip); then, `--samples`
+times, one more client joins (process start to its 'joined' line) and the oldest is killed -9
+(until a peer logs it gone, which is when its queues are evicted and move: with no events
+flowing nothing is pinned, so "served" cannot be observed). The cost should follow the
+events, not the queue count (issue 25).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +45,8 @@ from measure import (
 JOINED = "member {} joined"
 GONE = "member {} is gone"
 SETTLE_TIMEOUT = 120.0
+# After a join or a kill, before the next: the queues that move have moved.
+BETWEEN_SAMPLES_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,10 @@ async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon
     return time.monotonic() - started
 
 
-async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float) -> dict:
-    """Idle CPU and control bytes/s at one size, then a join and a crash."""
+async def measure_size(
+    run: BrokerRun, broker: Broker, size: Size, window: float, samples: int
+) -> dict:
+    """Idle CPU and control bytes/s at one size, then `samples` joins and crashes."""
     name = f"idle-{uuid.uuid4().hex[:6]}"
     config = GroupConfig(  # small queues: no event flows, and NATS reserves QS x QC on disk
         hash_prefix=name, hash_count=max(64, size.queues), queue_count=size.queues, queue_size_mb=8
@@ -141,30 +147,31 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float
             "control_bytes_per_s": round((control_bytes - bytes_before) / elapsed),
             "load_1min": round(os.getloadavg()[0], 1),
         }
-        joiner = deployment.start("joiner", "lbg-client", "--id", "joiner")
-        result["join_s"] = round(
-            await wait_until(
-                lambda: logged(deployment, ["joiner"], JOINED),
+        result["join_s"], result["crash_s"] = [], []
+        for sample in range(samples):
+            joiner = deployment.start(f"j{sample}", "lbg-client", "--id", f"j{sample}")
+            joined_in = await wait_until(
+                lambda: logged(deployment, [joiner.name], JOINED),  # noqa: B023
                 SETTLE_TIMEOUT,
-                f"{size.label}: the joiner joined",
+                f"{size.label}: {joiner.name} joined",
                 [*clients, joiner],
-            ),
-            2,
-        )
-        victim, witness = clients[0], clients[1:] or [joiner]
-        heard = log_size(witness[0])  # a lapse seen before the kill (a busy machine) is not it
-        victim.send(signal.SIGKILL)
-        victim.wait(5)
-        gone = GONE.replace("{}", victim.name)
-        result["crash_s"] = round(
-            await wait_until(
-                lambda: logged(deployment, [witness[0].name], gone, heard),
+            )
+            result["join_s"].append(round(joined_in, 2))
+            clients.append(joiner)
+            await asyncio.sleep(BETWEEN_SAMPLES_SECONDS)
+            victim, witness = clients.pop(0), clients[0]
+            heard = log_size(witness)  # a lapse seen before the kill (a busy machine) is not it
+            victim.send(signal.SIGKILL)
+            victim.wait(5)
+            gone = GONE.replace("{}", victim.name)
+            seen_in = await wait_until(
+                lambda: logged(deployment, [witness.name], gone, heard),  # noqa: B023
                 SETTLE_TIMEOUT,
-                f"{size.label}: the others saw the killed client gone",
-                [*witness, joiner],
-            ),
-            2,
-        )
+                f"{size.label}: the others saw {victim.name} gone",
+                clients,
+            )
+            result["crash_s"].append(round(seen_in, 2))
+            await asyncio.sleep(BETWEEN_SAMPLES_SECONDS)
         return result
     finally:
         with contextlib.suppress(BrokerError):
@@ -174,7 +181,9 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, window: float
             await broker.delete_group(name)
 
 
-async def scenario(run: BrokerRun, sizes: list[Size], window: float) -> dict[str, Any]:
+async def scenario(
+    run: BrokerRun, sizes: list[Size], window: float, samples: int
+) -> dict[str, Any]:
     """Every size on one broker."""
     broker = await run.connect("bench-idle")
     try:
@@ -182,7 +191,7 @@ async def scenario(run: BrokerRun, sizes: list[Size], window: float) -> dict[str
         for size in sizes:
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
             try:
-                rows.append(await measure_size(run, broker, size, window))
+                rows.append(await measure_size(run, broker, size, window, samples))
             except (BenchError, BrokerError) as exc:  # the other sizes still count
                 print(f"[{run.kind}] {size.label} failed: {exc}", file=sys.stderr)
                 rows.append({"error": str(exc)})
@@ -199,8 +208,8 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
         ("clients_cpu_pct", "clients' CPU, % of a core"),
         ("broker_cpu_pct", "broker CPU, % of a core"),
         ("control_bytes_per_s", "control channel, bytes/s"),
-        ("join_s", "join: start -> joined, s"),
-        ("crash_s", "kill -9 -> seen gone, s"),
+        ("join_s", "join: start -> joined, s, p50 / max"),
+        ("crash_s", "kill -9 -> seen gone, s, p50 / max"),
         ("load_1min", "machine load (1 min) at the window's end"),
     ):
         rows = []
@@ -209,11 +218,18 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
             for kind in kinds:
                 measured = results[kind].get("sizes") or []
                 value = measured[index].get(key) if index < len(measured) else None
-                cells.append("-" if value is None else str(value))
+                cells.append("-" if value is None else cell(value))
             rows.append((size.label, cells))
         lines += ["", *table(16, kinds, [""], rows, width=12, heading=title)]
     lines += [f"[{k}] {v['error']}" for k, v in results.items() if "error" in v]
     return lines
+
+
+def cell(value: Any) -> str:
+    """A figure, or a list of samples as its median and its largest."""
+    if isinstance(value, list):
+        return f"{statistics.median(value):.2f} / {max(value):.2f}" if value else "-"
+    return str(value)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -221,11 +237,14 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
               help="QUEUESxCLIENTS, comma-separated.")  # fmt: skip
 @click.option("--window", default=15.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds of quiet measured per size.")  # fmt: skip
+@click.option("--samples", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Joins and kills -9 timed per size, one after the other.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Last stdout line: every figure as JSON.")
 @broker_options
 def main(
     sizes: list[Size],
     window: float,
+    samples: int,
     as_json: bool,
     brokers: tuple[str, ...],
     broker_url: str | None,
@@ -240,7 +259,7 @@ def main(
                 broker_url,
                 admin_url,
                 Path(folder),
-                lambda run: scenario(run, sizes, window),
+                lambda run: scenario(run, sizes, window, samples),
                 lambda line: print(line, file=sys.stderr),
             )
         )

@@ -26,9 +26,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from lbg.broker.ackfloor import FloorAcks
 from lbg.broker.base import Delivery, LoopBinding, StateListener
 from lbg.broker.nats import jsapi
-from lbg.broker.nats.ackfloor import AckFloor
 from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
 from lbg.broker.nats.generations import is_end
 
@@ -95,10 +95,8 @@ class NatsQueueBinding(LoopBinding):
         self._ends = ends
         self.end: int | None = None
         self._ack_all = ack_all
-        self._floor = AckFloor()
+        self._acks = FloorAcks(queue, stream_sequence, self._send_ack)
         self._last_delivery: int | None = None
-        self._floor_due = False
-        self._floor_senders: set[asyncio.Task[None]] = set()
         self._claim = claim
         self._owner_epoch = 0
         self._nc = nc
@@ -233,36 +231,13 @@ class NatsQueueBinding(LoopBinding):
         if not self.owns(delivery):
             return False
         if not self._ack_all:
-            await self._nc.publish(str(delivery.token), b"+ACK")
+            await self._send_ack(str(delivery.token))
         else:
-            self._finish(str(delivery.token))
+            self._acks.finish(str(delivery.token))
         return True
 
-    def _finish(self, reply: str) -> None:
-        """A delivery is done with: ack the floor soon if it moved."""
-        if self._floor.finish(reply) and not self._floor_due:
-            self._floor_due = True
-            sender = asyncio.create_task(self._ack_floor_soon(self._epoch))
-            self._floor_senders.add(sender)
-            sender.add_done_callback(self._floor_senders.discard)
-
-    async def _ack_floor_soon(self, epoch: int) -> None:
-        """Ack the floor once the acks finished in this turn of the loop have joined it; a
-        floor of a lost stint is dropped (its deliveries come again, to the next owner)."""
-        await asyncio.sleep(0)
-        self._floor_due = False
-        if epoch != self._epoch:
-            return
-        try:
-            await self._ack_floor()
-        except Exception as exc:  # the connection is going: the next owner gets them again
-            log.warning("queue %d: the ack floor was not sent: %s", self.queue, exc)
-
-    async def _ack_floor(self) -> None:
-        """Send the floor's ack now (before a handover or a close, so nothing comes again)."""
-        reply = self._floor.take()
-        if reply is not None:
-            await self._nc.publish(reply, b"+ACK")
+    async def _send_ack(self, reply: str) -> None:
+        await self._nc.publish(reply, b"+ACK")
 
     async def release(self, standby_delay: float) -> None:
         if self._pinned:
@@ -277,7 +252,7 @@ class NatsQueueBinding(LoopBinding):
         pin = self._pin if self._active else None
         connected = self._nc.is_connected
         if connected:
-            await self._ack_floor()
+            await self._acks.flush()
         self._lose(reason)
         if connected:
             await self._nc.flush()
@@ -301,7 +276,7 @@ class NatsQueueBinding(LoopBinding):
     def _lose(self, reason: str) -> None:
         """Stop owning the queue: drop what is buffered so nothing more is processed or acked."""
         self._new_epoch()
-        self._floor = AckFloor()
+        self._acks.restart()
         self._last_delivery = None
         self._pin = None
         if self._pinned:
@@ -506,7 +481,7 @@ class NatsQueueBinding(LoopBinding):
                 self.end = sequence if self.end is None else min(self.end, sequence)
         elif self.end is None or stream_sequence(msg.reply) < self.end:
             return False
-        self._finish(msg.reply)
+        self._acks.finish(msg.reply)
         return True
 
     def _track(self, pull: _Pull, reply: str) -> bool:
@@ -520,7 +495,7 @@ class NatsQueueBinding(LoopBinding):
             self._lose(f"delivery {self._last_delivery + 1} never arrived (got {delivery})")
             return False
         self._last_delivery = delivery
-        self._floor.delivered(reply)
+        self._acks.delivered(reply)
         return True
 
     def _on_status(self, pull: _Pull, status: str, description: str) -> None:

@@ -19,6 +19,9 @@ consumers every `coordinated_look_seconds` while out of the line, and leaves a l
 longer preferred in LINE_SETTLE_SECONDS after joining it (no count tells it whether someone
 else waits there).
 
+Acks are cumulative (basic.ack with `multiple`): the contiguous floor of finished deliveries,
+one frame per turn of the event loop rather than one per event (see ackfloor.py).
+
 On the first delivery of a stint the binding claims the queue's next ownership epoch (the
 fencing token); the stint's deliveries are held back until the claim is in, and a claim that
 fails gives the queue up, so no delivery goes out without its stint's epoch.
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from lbg.broker.ackfloor import FloorAcks
 from lbg.broker.base import UNTIL_WOKEN, Delivery, LoopBinding, StateListener, why
 
 log = logging.getLogger(__name__)
@@ -118,6 +122,7 @@ class RabbitQueueBinding(LoopBinding):
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._stint: _Stint | None = None
+        self._acks: FloorAcks[AbstractIncomingMessage] = FloorAcks(queue, delivery_tag, ack_up_to)
         self._stints = 0
         self._coordinated = False
         self._next_look = 0.0
@@ -166,15 +171,17 @@ class RabbitQueueBinding(LoopBinding):
     async def ack(self, delivery: Delivery) -> bool:
         if not self.owns(delivery):
             return False
-        message: AbstractIncomingMessage = delivery.token  # type: ignore[assignment]
-        try:
-            await message.ack()
-        except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
-            self._lose(f"ack failed: {why(exc)}")
-            return False
+        self._acks.finish(delivery.token)  # type: ignore[arg-type]
         return True
 
     async def _give_up(self, reason: str) -> None:
+        """Send the ack floor (the channel's close would return what it covers), then go."""
+        stint = self._stint
+        if stint is not None and stint.tag and not stint.channel.is_closed:
+            try:
+                await self._acks.flush()
+            except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
+                log.warning("queue %d: the ack floor was not sent: %s", self.queue, why(exc))
         self._lose(reason)
         await self._leave_line()
 
@@ -182,6 +189,7 @@ class RabbitQueueBinding(LoopBinding):
         """Stop owning the queue: nothing buffered is processed or acked; the channel goes
         (by the loop) so the broker hands the unacked messages to the next in line."""
         self._new_epoch()
+        self._acks.restart()
         if self._stint is not None:
             self._stint.tag = ""
         self._set_active(False, reason)
@@ -283,15 +291,15 @@ class RabbitQueueBinding(LoopBinding):
         stint = _Stint(channel, f"{self._tag_prefix}.{self._stints}", time.monotonic())
         queue = await channel.get_queue(self._name, ensure=False)
         self._stint = stint
+        self._acks.restart()
         epoch = self._epoch
 
         async def on_message(message: AbstractIncomingMessage) -> None:
-            if (
-                self._stint is not stint
-                or not stint.tag
-                or self._epoch != epoch
-                or not self._running.is_set()
-            ):
+            if self._stint is not stint or not stint.tag or self._epoch != epoch:
+                return
+            if not self._running.is_set():
+                # Left unprocessed: the stint ends, so no later (cumulative) ack covers it.
+                self._lose("stopped consuming")
                 return
             if not self._active:
                 self._set_active(True, "receiving: first in the queue's line")
@@ -305,6 +313,7 @@ class RabbitQueueBinding(LoopBinding):
                 epoch=self._epoch,
                 token=message,
             )
+            self._acks.delivered(message)
             if stint.owner_epoch is None:
                 stint.held.append(delivery)
             else:
@@ -336,3 +345,13 @@ class RabbitQueueBinding(LoopBinding):
 def header_text(value: object) -> str:
     """An AMQP header value as text (aio-pika gives bytes for long strings)."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def delivery_tag(message: AbstractIncomingMessage) -> int:
+    """A delivery's place on its channel: `multiple` acks every tag up to the one sent."""
+    return message.delivery_tag or 0
+
+
+async def ack_up_to(message: AbstractIncomingMessage) -> None:
+    """Acknowledge this delivery and every earlier one on its channel, in one frame."""
+    await message.ack(multiple=True)
