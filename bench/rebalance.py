@@ -94,6 +94,13 @@ class Options:
     member_args: tuple[str, ...] = ()  # e.g. ("--config", "fast-failover.toml")
 
 
+# Silences between a queue's consecutive records shorter than this are not kept (at the
+# bench's rates, most gaps are a few milliseconds).
+SILENCE_FLOOR = 0.05
+# A silence of a queue the victim did not serve counts for a kill if it began this soon after.
+BYSTANDER_WINDOW = 2.0
+
+
 @dataclass(frozen=True)
 class Change:
     """A queue's records came from a new client: the old owner's last and the new one's first."""
@@ -130,6 +137,8 @@ class Tracker:
         self.changes: dict[int, list[Change]] = {q: [] for q in range(queue_count)}
         self.first_seen: dict[str, float] = {}
         self.first_on_queue: dict[tuple[str, int], float] = {}
+        # Per queue, (start, end) of each silence between records of SILENCE_FLOOR or more.
+        self.silences: dict[int, list[tuple[float, float]]] = {q: [] for q in range(queue_count)}
         self.latest = 0.0
 
     def handle(self, message: OutputMessage) -> None:
@@ -147,6 +156,8 @@ class Tracker:
         self.latest = max(self.latest, at)
         queue, client = record.queue, record.client
         previous = self.last.get(queue)
+        if previous is not None and at - previous[0] >= SILENCE_FLOOR:
+            self.silences.setdefault(queue, []).append((previous[0], at))
         if previous is None or previous[1] != client:
             old_at, old = previous if previous else (None, None)
             self.changes.setdefault(queue, []).append(Change(queue, old, old_at, client, at))
@@ -509,12 +520,29 @@ async def run_static(opts: Options, group: Group, rng: random.Random, echo: Echo
     return samples
 
 
+def bystander_silence(tracker: Tracker, kill: Action) -> float:
+    """The longest silence, begun within BYSTANDER_WINDOW of `kill`, of a queue the victim
+    did not serve: a crash should stall only the victim's queues (one handed to the victim
+    while it was still in the survivors' view waited until it was found gone)."""
+    return max(
+        (
+            end - start
+            for queue, silences in tracker.silences.items()
+            if tracker.owner_at(queue, kill.at) not in (kill.member, None)
+            for start, end in silences
+            if kill.at <= start <= kill.at + BYSTANDER_WINDOW
+        ),
+        default=0.0,
+    )
+
+
 def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
     """Join, crash and planned-handover latencies from the times of the validation records."""
     tracker = run.group.tracker
     logs = {name: d.log_path for name, d in run.group.local.daemons.items()}
     killed = {a.member: a.at for a in run.actions if a.kind == "kill"}
     joins, crashes, crash_all, kill_to_gone, planned = [], [], [], [], []
+    bystanders: list[float] = []
     for action in run.actions:
         if action.kind == "join":
             first = tracker.first_seen.get(action.member)
@@ -558,6 +586,7 @@ def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
                     }
                 )
             crash_all.append(round(worst, 3))
+            bystanders.append(round(bystander_silence(tracker, action), 3))
     for queue, changes in tracker.changes.items():
         for change in changes:
             if change.old is None or change.old_at is None or change.new_at < run.steady_from:
@@ -598,6 +627,7 @@ def analyse_dynamic(run: DynamicRun) -> dict[str, Any]:
         "join_start_to_joined": stats(values(joins, "start_to_joined_s")),
         "join_joined_to_first": stats(values(joins, "joined_to_first_s")),
         "crash_kill_to_gone": stats(kill_to_gone),
+        "crash_bystanders": stats(bystanders),
         "crash_gone_to_first": stats(values(crashes, "gone_to_first_s")),
         "machine_busy_pct": run.busy_pct,
         "false_alarms": false_alarms(run, logs),
@@ -708,6 +738,7 @@ def summary_text(opts: Options, results: dict[str, dict[str, Any]]) -> str:
         ("  kill -9 -> 'is gone' (first survivor)", "dynamic", "crash_kill_to_gone"),
         ("  'is gone' -> first record", "dynamic", "crash_gone_to_first"),
         ("crash: kill -9 -> all its queues back", "dynamic", "crash_all_queues"),
+        ("  longest silence of a queue it did not serve", "dynamic", "crash_bystanders"),
         ("planned handover pause, per queue", "dynamic", "planned"),
         ("  after a join", "dynamic", "planned_join"),
         ("  after a SIGTERM leave", "dynamic", "planned_leave"),

@@ -62,6 +62,12 @@ JOIN_LISTEN_SECONDS = 0.1
 LOOKUP_LEASES = 10.0
 # A round due at a peer's lease end runs this much after it, so the lease has surely lapsed.
 EXPIRY_SLACK = 0.005
+# A queue is handed only to a member heard from since this many intervals before this
+# member's round began: every member beats at the same moments (cadence.py), so a live one's
+# beat of the round arrives just after it starts, and a member that crashed since the last
+# round is still in the view but silent. (Handed to such a member, a queue waited until the
+# crash was found out, 0.7-0.8 s, on brokers that move a crashed member's queues themselves.)
+HEARD_THIS_ROUND_SLACK = 1 / 3
 # Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
 # logged at most this often, with the worst lateness since: it is what fences a live member.
 LATE_LOG_SECONDS = 10.0
@@ -126,6 +132,9 @@ class Coordinator:
         self._heard_from: dict[str, bytes] = {}
         self.worst_late = 0.0
         self._late_told = -float("inf")
+        self._round_at = -float("inf")  # when this member's latest round began
+        # Members a handover waits to hear from this round (then it goes ahead at once).
+        self._handover_waits_for: set[str] = set()
         # Whether peers may ask the broker if this member's connection closed (presence).
         self._probe_me = False
         self._probes = PresenceProbes(
@@ -259,7 +268,7 @@ class Coordinator:
             self._lapse("own heartbeats lapsed (this member was stalled or cut off)")
         else:
             self._lapse_told = False
-        now = self._clock()
+        now = self._round_at = self._clock()
         current = self.own_lease.view_current()
         for heartbeat in self.view.expire() if current else []:
             self._forget(heartbeat, "lease lapsed")
@@ -314,6 +323,8 @@ class Coordinator:
         if known is not None and self.view.heartbeat_of(known.member) is known:
             self.view.observe(known)
             self._hear_generation(known.generation)
+            if known.member in self._handover_waits_for:
+                self.rebalance()
             return
         try:
             heartbeat = decode_message(body)
@@ -337,7 +348,12 @@ class Coordinator:
             self._answer_newcomer()
         if heartbeat.state is MemberState.LEAVING:
             self._drop_overrides(heartbeat.member, "leaving")
-        if before is None or before.state is not heartbeat.state or before.wants != heartbeat.wants:
+        if (
+            before is None
+            or before.state is not heartbeat.state
+            or before.wants != heartbeat.wants
+            or heartbeat.member in self._handover_waits_for
+        ):
             self.rebalance()
 
     def _remember(self, key: bytes, heartbeat: Heartbeat) -> None:
@@ -446,6 +462,7 @@ class Coordinator:
             self._wanted = tuple(sorted({*mine, *standing}))
         told = self._steering.prefer_only(self._wanted)
         current = inputs[2]
+        self._handover_waits_for.clear()
         for queue, holding in held.items():
             owner = self.desired.get(queue)
             if (
@@ -457,8 +474,18 @@ class Coordinator:
                 # queue's line is left alone, so views settling at a mass start churn nothing.
                 self._steering.step_out(queue)
             if holding.active and owner != self.member and self._ready(owner, queue):
-                self._steering.release(queue)
+                if self._may_hand_to(owner):
+                    self._steering.release(queue)
+                else:
+                    self._handover_waits_for.add(owner)
         return self._steering.holdings() if told else held
+
+    def _may_hand_to(self, member: str | None) -> bool:
+        """Whether a queue may go to `member` now: one in the view only once it beat since
+        this member's round began (HEARD_THIS_ROUND_SLACK); else the handover waits for its
+        beat, which comes a moment later if it is alive."""
+        heard = self.view.heard_at(member) if member is not None else None
+        return heard is None or heard >= self._round_at - HEARD_THIS_ROUND_SLACK * self.interval
 
     def _ready(self, member: str | None, queue: int) -> bool:
         """The new owner stands ready for the queue (a release now pauses it only briefly)

@@ -81,6 +81,11 @@ class MembershipView:
         seen = self._seen.get(member)
         return seen.heartbeat if seen else None
 
+    def heard_at(self, member: str) -> float | None:
+        """When `member` was last heard from (None: not in the view)."""
+        seen = self._seen.get(member)
+        return seen.at if seen else None
+
     def owners(self) -> dict[int, str]:
         """Who serves which queue by the members' own word (the latest claim wins a clash)."""
         claims = sorted(self._seen.values(), key=lambda seen: seen.at)
