@@ -175,13 +175,6 @@ class RabbitQueueBinding(LoopBinding):
         return True
 
     async def _give_up(self, reason: str) -> None:
-        """Send the ack floor (the channel's close would return what it covers), then go."""
-        stint = self._stint
-        if stint is not None and stint.tag and not stint.channel.is_closed:
-            try:
-                await self._acks.flush()
-            except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
-                log.warning("queue %d: the ack floor was not sent: %s", self.queue, why(exc))
         self._lose(reason)
         await self._leave_line()
 
@@ -189,15 +182,21 @@ class RabbitQueueBinding(LoopBinding):
         """Stop owning the queue: nothing buffered is processed or acked; the channel goes
         (by the loop) so the broker hands the unacked messages to the next in line."""
         self._new_epoch()
-        self._acks.restart()
         if self._stint is not None:
             self._stint.tag = ""
         self._set_active(False, reason)
         self._wake.set()
 
     async def _leave_line(self) -> None:
+        """Close the stint's channel, acking its floor first: a lost stint's finished
+        deliveries were processed while it owned the queue, and an ack on its own channel
+        covers no other consumer's (the close would hand them to the next owner again)."""
         stint, self._stint = self._stint, None
         if stint is not None and not stint.channel.is_closed:
+            try:
+                await self._acks.flush()
+            except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
+                log.warning("queue %d: the ack floor was not sent: %s", self.queue, why(exc))
             with contextlib.suppress(Exception):
                 await stint.channel.close()
             log.debug("queue %d: left the line (channel closed)", self.queue)
