@@ -4,8 +4,9 @@ the lock is freed, not retrying), a client's locks on one connection of its own 
 queue count."""
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -23,6 +24,18 @@ from lbg.model.messages import event_headers
 from lbg.settings import BrokerSettings
 
 CONFIG = GroupConfig("PREFIX", 8, 2)
+
+
+@contextlib.asynccontextmanager
+async def _two_brokers(url: str) -> AsyncIterator[tuple[Broker, Broker]]:
+    """Two clients' connections, "first" and "second", closed afterwards."""
+    first = await _broker(url, "first")
+    second = await _broker(url, "second")
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def _broker(url: str, name: str) -> Broker:
@@ -81,9 +94,7 @@ def url(messagedb: BrokerEndpoint) -> str:
 def test_one_reader_per_member_and_a_standby_resumes_at_the_recorded_position(url: str) -> None:
     async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
         bodies = await _publish_to_queue(admin, config, 1, 30)
-        first = await _broker(url, "first")
-        second = await _broker(url, "second")
-        try:
+        async with _two_brokers(url) as (first, second):
             a = await first.bind(group, config, 1, "client-a")
             await _until(lambda: a.active)
             b = await second.bind(group, config, 1, "client-b")
@@ -99,9 +110,6 @@ def test_one_reader_per_member_and_a_standby_resumes_at_the_recorded_position(ur
             rest = await _take(b, 20)
             assert [d.body for d in rest] == bodies[10:]
             await b.close()
-        finally:
-            await first.close()
-            await second.close()
 
     _run(url, scenario)
 
@@ -111,9 +119,7 @@ def test_evicting_a_holder_hands_the_member_over_and_replays_what_it_had_not_rec
 ) -> None:
     async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
         bodies = await _publish_to_queue(admin, config, 0, 12)
-        first = await _broker(url, "first")
-        second = await _broker(url, "second")
-        try:
+        async with _two_brokers(url) as (first, second):
             a = await first.bind(group, config, 0, "client-a")
             await _until(lambda: a.active)
             b = await second.bind(group, config, 0, "client-b")
@@ -133,9 +139,6 @@ def test_evicting_a_holder_hands_the_member_over_and_replays_what_it_had_not_rec
             assert [d.body for d in rest] == bodies[4:]
             await b.close()
             await a.close()
-        finally:
-            await first.close()
-            await second.close()
 
     _run(url, scenario)
 
@@ -310,9 +313,7 @@ def _with_a_waiting_standby(
     took: list[float] = []
 
     async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
-        first = await _broker(url, "first")
-        second = await _broker(url, "second")
-        try:
+        async with _two_brokers(url) as (first, second):
             holder = await first.bind(group, config, 1, "client-a")
             await _until(lambda: holder.active)
             standby = await second.bind(group, config, 1, "client-b")
@@ -322,9 +323,6 @@ def _with_a_waiting_standby(
             took.append(await _takeover_seconds(standby))
             await standby.close()
             await holder.close()
-        finally:
-            await first.close()
-            await second.close()
 
     _run(url, scenario)
     return took[0]

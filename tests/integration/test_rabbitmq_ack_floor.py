@@ -5,16 +5,13 @@ owner gets only what was never processed (dropped, they came again as duplicates
 import asyncio
 import os
 import time
-import uuid
 
 import pytest
+from tests.support.rabbitmq import one_queue_group
 
-from lbg.broker.rabbitmq.adapter import RabbitBroker
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
-from lbg.model.group import GroupConfig
 from lbg.model.messages import event_headers
-from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.skipif(
     "rabbitmq" not in os.environ.get("LBG_TEST_BROKERS", "nats,rabbitmq"),
@@ -25,13 +22,8 @@ pytestmark = pytest.mark.skipif(
 async def bodies_the_next_owner_gets(endpoint: BrokerEndpoint) -> list[bytes]:
     """Three events; the first owner finishes the second and the first, then is fenced at
     once (no turn of the event loop between); what does the next owner receive?"""
-    settings = BrokerSettings(url=endpoint.url, admin_url=endpoint.admin_url)
-    first = await RabbitBroker.connect(settings, "floor-first")
-    second = await RabbitBroker.connect(settings, "floor-second")
-    group = f"af{uuid.uuid4().hex[:8]}"
-    config = GroupConfig(hash_prefix=group, hash_count=1, queue_count=1)
-    await first.create_group(group, config)
-    try:
+    async with one_queue_group(endpoint, "floor-first", "floor-second") as (group, config, brokers):
+        first, second = brokers
         owner = await first.bind(group, config, 0, "first")
         for n in range(3):
             await first.publish(
@@ -49,10 +41,6 @@ async def bodies_the_next_owner_gets(endpoint: BrokerEndpoint) -> list[bytes]:
             got.append((await asyncio.wait_for(successor.next(), 1.0)).body)
         await successor.close()
         return got
-    finally:
-        await first.delete_group(group)
-        await first.close()
-        await second.close()
 
 
 def test_a_fenced_stint_acks_what_it_finished_before_its_channel_closes(

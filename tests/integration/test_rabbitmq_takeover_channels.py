@@ -5,16 +5,13 @@ opening is two broker round trips, tenths of a second on a loaded node, in the h
 import asyncio
 import os
 import time
-import uuid
 
 import pytest
+from tests.support.rabbitmq import one_queue_group
 
-from lbg.broker.rabbitmq.adapter import RabbitBroker
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import OutputKind, event_destination, output_destination
-from lbg.model.group import GroupConfig
 from lbg.model.messages import event_headers
-from lbg.settings import BrokerSettings
 
 pytestmark = pytest.mark.skipif(
     "rabbitmq" not in os.environ.get("LBG_TEST_BROKERS", "nats,rabbitmq"),
@@ -25,13 +22,11 @@ pytestmark = pytest.mark.skipif(
 async def channels_opened_by_a_takeover(endpoint: BrokerEndpoint) -> tuple[int, int]:
     """Channels opened from the binding standing in line until its first record confirmed,
     and the taken-over delivery's ownership epoch."""
-    settings = BrokerSettings(url=endpoint.url, admin_url=endpoint.admin_url)
-    broker = await RabbitBroker.connect(settings, "takeover-channels")
-    producer = await RabbitBroker.connect(settings, "takeover-producer")
-    group = f"tc{uuid.uuid4().hex[:8]}"
-    config = GroupConfig(hash_prefix=group, hash_count=1, queue_count=1)
-    await broker.create_group(group, config)
-    try:
+    async with one_queue_group(endpoint, "takeover-channels", "takeover-producer") as (
+        group,
+        config,
+        (broker, producer),
+    ):
         binding = await broker.bind(group, config, 0, "member")
         for _ in range(100):
             if binding.waiting and broker._warming is not None and broker._warming.done():
@@ -53,10 +48,6 @@ async def channels_opened_by_a_takeover(endpoint: BrokerEndpoint) -> tuple[int, 
         assert await binding.ack(delivery)
         await binding.close()
         return opened, delivery.owner_epoch
-    finally:
-        await broker.delete_group(group)
-        await broker.close()
-        await producer.close()
 
 
 def test_a_first_takeover_opens_no_channel(rabbitmq: BrokerEndpoint) -> None:
