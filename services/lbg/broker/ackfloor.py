@@ -87,15 +87,17 @@ class FloorAcks(Generic[Token]):
             sender.add_done_callback(self._senders.discard)
 
     async def flush(self) -> None:
-        """Send the floor's ack now (before a handover or a close, so nothing comes again)."""
+        """Send the floor's ack now (before a handover or a close, so nothing comes again);
+        a failure is logged, not raised: the next owner gets those deliveries again."""
         token = self._floor.take()
-        if token is not None:
+        if token is None:
+            return
+        try:
             await self._send(token)
+        except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
+            log.warning("queue %d: the ack floor was not sent: %s", self._queue, exc)
 
     async def _flush_soon(self) -> None:
         await asyncio.sleep(0)
         self._due = False
-        try:
-            await self.flush()
-        except Exception as exc:  # the connection is going: the next owner gets them again
-            log.warning("queue %d: the ack floor was not sent: %s", self._queue, exc)
+        await self.flush()

@@ -193,10 +193,7 @@ class RabbitQueueBinding(LoopBinding):
         covers no other consumer's (the close would hand them to the next owner again)."""
         stint, self._stint = self._stint, None
         if stint is not None and not stint.channel.is_closed:
-            try:
-                await self._acks.flush()
-            except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
-                log.warning("queue %d: the ack floor was not sent: %s", self.queue, why(exc))
+            await self._acks.flush()
             with contextlib.suppress(Exception):
                 await stint.channel.close()
             log.debug("queue %d: left the line (channel closed)", self.queue)
