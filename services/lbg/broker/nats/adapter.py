@@ -31,7 +31,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NotFoundError,
 )
 from nats.js.errors import Error as JetStreamError
@@ -203,6 +202,17 @@ class NatsBroker(Broker):
                     raise BrokerError(f"KV bucket '{name}': {reason}") from None
         return self._kv[name]
 
+    async def _keys(self, bucket: str, pattern: str = ">") -> list[str]:
+        """The keys of `bucket` matching `pattern`, from the stream's own subject list in one
+        request. nats-py's keys() watches the bucket and may stop before the entries arrive on
+        a busy connection (an empty or short list); a key deleted or purged is still listed."""
+        prefix = f"$KV.{bucket}."
+        try:
+            info = await self._js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}{pattern}")
+        except NotFoundError:
+            return []
+        return sorted(s[len(prefix) :] for s in info.state.subjects or {})
+
     async def _stream_exists(self, name: str) -> bool:
         try:
             await self._js.stream_info(name)
@@ -350,14 +360,11 @@ class NatsBroker(Broker):
             raise BrokerError(f"group '{name}': stored config is invalid: {exc}") from None
 
     async def list_groups(self) -> dict[str, GroupConfig]:
-        configs = await self._bucket(CONFIG_BUCKET)
-        try:
-            names = await configs.keys()
-        except (NotFoundError, NoKeysError):
-            return {}
         groups = {}
-        for name in sorted(n for n in names if not n.endswith(generations.HISTORY_SUFFIX)):
-            with contextlib.suppress(GroupNotFound, BrokerError):
+        for name in await self._keys(CONFIG_BUCKET):
+            if name.endswith(generations.HISTORY_SUFFIX):
+                continue
+            with contextlib.suppress(GroupNotFound, BrokerError):  # deleted, or unreadable
                 groups[name] = await self.read_group(name)
         return groups
 
@@ -389,10 +396,8 @@ class NatsBroker(Broker):
         self._kv.pop(registry_bucket(name), None)
         await self._forget(name)
         owners = await self._bucket(OWNERS_BUCKET)
-        with contextlib.suppress(NotFoundError, NoKeysError):
-            for key in await owners.keys():
-                if key.startswith(f"{name}."):
-                    await owners.purge(key)
+        for key in await self._keys(OWNERS_BUCKET, f"{name}.*"):
+            await owners.purge(key)
         configs = await self._bucket(CONFIG_BUCKET)
         with contextlib.suppress(NotFoundError):
             await configs.purge(generations.history_key(name))
@@ -446,10 +451,10 @@ class NatsBroker(Broker):
     async def _owners(self, group: str) -> dict[int, dict]:
         owners = await self._bucket(OWNERS_BUCKET)
         result: dict[int, dict] = {}
-        with contextlib.suppress(NotFoundError, NoKeysError):
-            for key in await owners.keys():
-                prefix, _, queue = key.rpartition(".")
-                if prefix == group and queue.isdigit():
+        for key in await self._keys(OWNERS_BUCKET, f"{group}.*"):
+            queue = key.rpartition(".")[2]
+            if queue.isdigit():
+                with contextlib.suppress(KeyNotFoundError):  # purged: the queue has no owner
                     entry = await owners.get(key)
                     result[int(queue)] = orjson.loads(entry.value or b"{}")
         return result
