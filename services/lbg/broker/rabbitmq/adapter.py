@@ -317,16 +317,21 @@ class RabbitBroker(RabbitProvisioning, Broker):
         return config
 
     async def list_groups(self) -> dict[str, GroupConfig]:
-        queues = await self._api().get(
-            f"/queues/{path_segment(self._vhost)}", columns="name", page="1", page_size="500"
-        )
-        names = sorted(
-            match.group(1)
-            for item in queues.get("items", [])
-            if (match := _CONFIG_QUEUE.match(item["name"]))
-        )
+        names: list[str] = []
+        page, pages = 1, 1
+        while page <= pages:  # a page holds 500: groups of 256 queues fill one with two groups
+            queues = await self._api().get(
+                f"/queues/{path_segment(self._vhost)}",
+                columns="name",
+                name=_CONFIG_QUEUE.pattern,
+                use_regex="true",
+                page=str(page),
+                page_size="500",
+            )
+            names += [m.group(1) for q in queues["items"] if (m := _CONFIG_QUEUE.match(q["name"]))]
+            pages, page = queues.get("page_count", 1), page + 1
         groups = {}
-        for name in names:
+        for name in sorted(names):
             with contextlib.suppress(GroupNotFound, BrokerError):
                 groups[name] = await self.read_group(name)
         return groups
