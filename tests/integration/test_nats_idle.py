@@ -156,6 +156,7 @@ async def pins_heard(url: str) -> None:
         looks = w.calls["INFO"]
         owner = await sides[0].bind(group, config, 0, "owner", preferred=True)
         other = await sides[1].bind(group, config, 0, "other", preferred=False)
+        consumer = f"{events_stream(group)}.{consumer_name(0)}"
         other.set_coordinated()
         await asyncio.sleep(0.2)
         await monitor.flush()
@@ -169,6 +170,12 @@ async def pins_heard(url: str) -> None:
         await until(lambda: owner.pin is not None, 5, "the owner's pin")
         await asyncio.sleep(0.1)  # the PINNED advisory
         assert await other.pinned_by() == owner.pin, "a pinned queue is asked about"
+        # An UNPINNED advisory handled late, after the PINNED one (or a PINNED one lost):
+        await monitor.publish(f"$JS.EVENT.ADVISORY.CONSUMER.UNPINNED.{consumer}", b"{}")
+        await monitor.flush()
+        await asyncio.sleep(0.1)
+        assert await other.pinned_by() is None, "the test needs the stale advisory to count"
+        assert await other.pinned_by(fresh=True) == owner.pin, "asked fresh: the broker's pin"
         await owner.close()  # it unpins: the UNPINNED advisory says the queue is free again
         await asyncio.sleep(0.1)
         await monitor.flush()

@@ -49,7 +49,7 @@ class FakeSteering:
     def suspend_all(self, suspended: bool, reason: str) -> None:
         pass
 
-    async def pinned_by(self, queue: int) -> str | None:
+    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
         return None
 
     async def evict(self, queue: int, pin: str) -> bool:

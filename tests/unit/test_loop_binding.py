@@ -29,7 +29,7 @@ class Recording(LoopBinding):
     def waiting(self) -> bool:
         return False
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         return None
 
     async def evict(self, pin: str) -> bool:

@@ -257,8 +257,10 @@ class QueueBinding(abc.ABC):
         """Stop (True) or resume (False) asking for messages at all, e.g. while stalled."""
 
     @abc.abstractmethod
-    async def pinned_by(self) -> str | None:
-        """The broker's token of whoever is active on this queue now (None: nobody)."""
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
+        """The broker's token of whoever is active on this queue now (None: nobody); `fresh`
+        asks the broker even where what this client heard says the queue is free (its owner
+        is suspected gone: a lost or late notice must not hide its token)."""
 
     @abc.abstractmethod
     async def evict(self, pin: str) -> bool:

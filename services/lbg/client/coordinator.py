@@ -507,7 +507,9 @@ class Coordinator:
         may have just taken the queue and been cut off before saying so: its own lease
         rests on a heartbeat sent no later than it saw the pin, so it has stopped by then).
         The broker is asked at every round only about queues a gone or stalled member held
-        or an unknown pin holds; about a queue that just came here at once; about the others
+        or an unknown pin holds (the broker itself, not what the binding last heard of the
+        pins: a lost notice must not leave a gone owner's pin to the broker's timeout); about
+        a queue that just came here at once; about the others
         every LOOKUP_LEASES (an unknown pin that appears on a queue this member waits for
         meanwhile waits that much longer, while the broker's own timeout runs too).
         """
@@ -540,7 +542,9 @@ class Coordinator:
         self._lookups_due = min(looked, default=float("inf")) + LOOKUP_LEASES * self.lease
         if not due and not self._unknown:
             return
-        pins = await asyncio.gather(*(self._steering.pinned_by(queue) for queue in due))
+        pins = await asyncio.gather(
+            *(self._steering.pinned_by(queue, fresh=queue in suspects) for queue in due)
+        )
         unknown: dict[int, tuple[str, float]] = {}
         for queue, pin in zip(due, pins, strict=True):
             if pin is None or (pin in live and pin not in stalled):

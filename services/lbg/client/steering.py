@@ -61,8 +61,9 @@ class Steering(Protocol):
         """Give every queue up and stop pulling (a stalled member), or pull again."""
         ...
 
-    async def pinned_by(self, queue: int) -> str | None:
-        """The pin the broker holds for `queue` now, whoever holds it."""
+    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
+        """The pin the broker holds for `queue` now, whoever holds it (`fresh`: asked of the
+        broker, whatever the binding last heard)."""
         ...
 
     async def evict(self, queue: int, pin: str) -> bool:
@@ -173,9 +174,9 @@ class BindingSteering:
                 binding.fence(reason)
             binding.suspend(suspended)
 
-    async def pinned_by(self, queue: int) -> str | None:
+    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
         binding = self._bindings.get(queue)
-        return await binding.pinned_by() if binding is not None else None
+        return await binding.pinned_by(fresh=fresh) if binding is not None else None
 
     async def evict(self, queue: int, pin: str) -> bool:
         binding = self._bindings.get(queue)

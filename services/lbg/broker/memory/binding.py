@@ -136,7 +136,7 @@ class MemoryQueueBinding(EpochBinding):
             self.state.hand_over()
         self.wake()
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         self._connection.check()
         return self.state.pin
 

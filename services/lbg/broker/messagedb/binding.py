@@ -134,7 +134,7 @@ class MessageDbBinding(LoopBinding):
             self._free_seen = 0
         super().set_preferred(preferred)
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         try:
             pid = await self._shared_holder()
         except DB_ERRORS as exc:

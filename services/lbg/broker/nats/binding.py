@@ -197,13 +197,16 @@ class NatsQueueBinding(LoopBinding):
         log.info("queue %d: evicted gone owner %s", self.queue, pin)
         return True
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         """The pin id the broker holds for this queue now, whoever owns it. None without asking
         while the advisories say the queue has no pin (an idle member's coordinator asks about
         every queue it waits for), unless that was last checked as long ago as a waiting
-        standby goes without looking by itself (an advisory may be lost)."""
+        standby goes without looking by itself, or the caller wants it `fresh`: a lost or
+        reordered PINNED advisory would otherwise hide a gone owner's pin until the server's
+        priority timeout (core NATS delivers advisories at most once, each kind on its own
+        subscription)."""
         since = self._free_since
-        if since is not None and time.monotonic() - since < self._advised_look():
+        if not fresh and since is not None and time.monotonic() - since < self._advised_look():
             return None
         pinnings, asked = self._pinnings, time.monotonic()
         pin = await self._ask_pin()

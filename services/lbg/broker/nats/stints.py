@@ -201,13 +201,13 @@ class StintBinding(QueueBinding):
         if self._binding is not None:
             self._binding.suspend(suspended)
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         """The current stint's owner; None if its consumer was just drained and deleted."""
         binding = self._binding
         if binding is None:
             return None
         with contextlib.suppress(jsapi.JsApiError):
-            return await binding.pinned_by()
+            return await binding.pinned_by(fresh=fresh)
         return None
 
     async def evict(self, pin: str) -> bool:

@@ -155,7 +155,7 @@ class RabbitQueueBinding(LoopBinding):
         # Spread, so that a client's standbys bound together do not all count at once.
         self._next_look = time.monotonic() + random.uniform(0.5, 1.5) * self._look_seconds
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         """AMQP cannot tell who the active consumer is; the broker moves a crashed owner's
         queue itself (connection closed) and a stalled one's after the heartbeat timeout."""
         return None

@@ -147,7 +147,7 @@ class SolaceQueueBinding(EpochBinding):
         else:
             self._spawn(self._rebind())
 
-    async def pinned_by(self) -> str | None:
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
         """None: Solace does not show other clients which flow is active (see module doc)."""
         return None
 
