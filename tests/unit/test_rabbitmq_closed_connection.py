@@ -31,7 +31,8 @@ class ClosingConnection:
 def test_a_heartbeat_on_a_connection_closing_under_it_is_a_broker_error() -> None:
     async def beat() -> None:
         broker = RabbitBroker(BrokerSettings(url="amqp://127.0.0.1:1/"), "member")
-        broker._connection = ClosingConnection()  # type: ignore[assignment]
+        for kept in (broker._connection, broker._control):  # its queues' and its heartbeats'
+            kept._connection = ClosingConnection()  # type: ignore[assignment]
         try:
             with pytest.raises(BrokerError, match="heartbeat not sent"):
                 await broker.publish_control("g", b"beat")

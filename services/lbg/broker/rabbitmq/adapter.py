@@ -21,7 +21,6 @@ import aiormq.exceptions
 import orjson
 from aio_pika.abc import (
     AbstractChannel,
-    AbstractConnection,
     AbstractExchange,
     AbstractIncomingMessage,
 )
@@ -50,6 +49,7 @@ from lbg.broker.rabbitmq.binding import (
     header_text,
 )
 from lbg.broker.rabbitmq.claims import OwnerClaims
+from lbg.broker.rabbitmq.connection import KeptConnection
 from lbg.broker.rabbitmq.management import ManagementApi, path_segment
 from lbg.broker.rabbitmq.parking import RabbitParkingLot
 from lbg.broker.rabbitmq.provision import RabbitProvisioning
@@ -100,8 +100,11 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._vhost = unquote(self._url.path[1:]) if len(self._url.path) > 1 else "/"
         self._settings = settings
         self._ssl = client_context(settings) if self._url.scheme == "amqps" else None
-        self._connection: AbstractConnection | None = None
-        self._connect_lock = asyncio.Lock()
+        self._connection = KeptConnection(self._url, name, self._connect_timeout, self._ssl)
+        # Heartbeats on a connection of their own: never queued behind other frames.
+        self._control = KeptConnection(
+            self._url, f"{name} heartbeats", self._connect_timeout, self._ssl
+        )
         self._channels: dict[str, AbstractChannel] = {}
         self._channel_locks: dict[str, asyncio.Lock] = {}
         self._warming: asyncio.Task[None] | None = None
@@ -118,15 +121,14 @@ class RabbitBroker(RabbitProvisioning, Broker):
     async def connect(cls, settings: BrokerSettings, name: str) -> RabbitBroker:
         broker = cls(settings, name)
         try:
-            await broker._conn()
+            await broker._connection.get()
         except BaseException:
             await cancel_and_wait(broker._ticker)
             raise
         return broker
 
     def connected(self) -> bool:
-        connection = self._connection
-        return connection is not None and not connection.is_closed and connection.connected.is_set()
+        return self._connection.connected()
 
     async def close(self) -> None:
         self._closing = True
@@ -136,9 +138,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
         await self._claims.close()
         for lot in self._parking.values():
             await lot.close()
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                await self._connection.close()
+        await self._control.close()
+        await self._connection.close()
         if self._management is not None:
             await self._management.close()
 
@@ -153,59 +154,8 @@ class RabbitBroker(RabbitProvisioning, Broker):
     def _paused_for(self) -> float:
         return time.monotonic() - self._last_tick
 
-    async def _conn(self) -> AbstractConnection:
-        """The open connection; reconnects with backoff (for connect_timeout at first)."""
-        async with self._connect_lock:
-            old = self._connection
-            if old is not None and not old.is_closed and old.connected.is_set():
-                return old
-            first = old is None
-            if old is not None:
-                with contextlib.suppress(Exception):
-                    await old.close()
-            deadline = time.monotonic() + self._connect_timeout
-            delay = 0.2
-            attempt = 0
-            while True:
-                try:
-                    self._connection = await aio_pika.connect(
-                        self._url,
-                        timeout=min(2.0, self._connect_timeout),
-                        client_properties={"connection_name": self._name},
-                        ssl_context=self._ssl,
-                    )
-                    break
-                except (AMQPError, OSError, TimeoutError, ConnectionError) as exc:
-                    reason = f"{type(exc).__name__}: {exc}".strip(": ")
-                    if first and time.monotonic() + delay > deadline:
-                        raise BrokerError(
-                            f"cannot connect to {self._url.with_password(None)} within "
-                            f"{self._connect_timeout:g}s ({reason})"
-                        ) from None
-                    attempt += 1
-                    if not first:
-                        log.warning(
-                            "broker %s unreachable (%s); retrying in %.1f s (attempt %d)",
-                            self._url.with_password(None),
-                            reason,
-                            delay,
-                            attempt,
-                        )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-            if not first:
-                log.info("reconnected to the broker")
-            self._connection.close_callbacks.add(self._on_connection_closed)
-            self._channels.clear()
-            self._exchanges.clear()
-            return self._connection
-
-    def _on_connection_closed(self, *_: object) -> None:
-        if not self._closing:
-            log.warning("disconnected from the broker")
-
-    async def _open_channel(self, confirms: bool = False) -> AbstractChannel:
-        connection = await self._conn()
+    async def _open_channel(self, confirms: bool = False, control: bool = False) -> AbstractChannel:
+        connection = await (self._control if control else self._connection).get()
         try:
             return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
         except RuntimeError as exc:  # aiormq: "<Connection ...> closed" under the call
@@ -221,7 +171,9 @@ class RabbitBroker(RabbitProvisioning, Broker):
         async with self._channel_locks.setdefault(purpose, asyncio.Lock()):
             channel = self._channels.get(purpose)
             if channel is None or channel.is_closed:
-                channel = await self._open_channel(confirms=purpose in CONFIRMED)
+                channel = await self._open_channel(
+                    confirms=purpose in CONFIRMED, control=purpose == "control"
+                )
                 self._channels[purpose] = channel
                 self._exchanges = {k: v for k, v in self._exchanges.items() if k[0] != purpose}
         return channel
@@ -454,7 +406,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
 
     async def _control_queue(self, group: str, handler: Callable[[bytes], None]) -> AbstractChannel:
         """A private queue bound to the group's heartbeats, consumed on its own channel."""
-        channel = await self._open_channel()
+        channel = await self._open_channel(control=True)
         name = topology.member_queue_name(group, uuid.uuid4().hex)
         try:
             queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
