@@ -146,3 +146,28 @@ def test_a_member_stops_before_a_peer_may_evict_it(
             unbroken = False
         evicted = evicted or bool(view.expire())
         assert not (evicted and unbroken and lease.holds()), f"two owners at {at:.2f}"
+
+
+@given(
+    echo_delay=st.floats(0, 2 * TERMS.lease),
+    listened=st.floats(0, 2 * TERMS.lease),
+    echoed=st.booleans(),
+)
+@example(echo_delay=0.002, listened=0.1, echoed=True)  # the old fixed listen: too short
+def test_a_joiner_has_heard_the_group_after_an_interval_and_its_echo_or_a_lease(
+    echo_delay: float, listened: float, echoed: bool
+) -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    lease.start()
+    clock.now = 0.01
+    beat = lease.sent()
+    if echoed:
+        clock.now += echo_delay
+        lease.echoed(beat)
+    heard = lease.heard_the_group(listened, INTERVAL)
+    if listened >= TERMS.lease:
+        assert heard, "a member whose heartbeats do not come back listens a lease at most"
+    else:
+        assert lease.echo_delay == pytest.approx(echo_delay if echoed else 0.0)
+        assert heard == (echoed and listened >= INTERVAL + lease.echo_delay)

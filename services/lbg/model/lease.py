@@ -86,6 +86,15 @@ class OwnLease:
         self._lapsed = False
         return lapsed
 
+    def heard_the_group(self, listened: float, interval: float) -> bool:
+        """Whether a member that has listened `listened` s since it subscribed has heard every
+        live peer's next heartbeat: its own came back, and an interval plus that echo's delay
+        passed (each peer beats once an interval and answers a newcomer at once); or a lease
+        passed (its own heartbeats may not come back at all)."""
+        if listened >= self.terms.lease:
+            return True
+        return self._echoes > 0 and listened >= interval + self.echo_delay
+
     def lapse(self) -> None:
         """End the lease now (the connection to the broker was lost): nothing is processed until
         a heartbeat sent from here on comes back, after the caller fenced what it held. A

@@ -1,0 +1,72 @@
+"""A joining member steers nothing until it has heard the group: steered by the first
+heartbeat it heard, a joiner at QC 1024 on RabbitMQ stood in the lines of all 1,024 queues (a
+channel each) and stepped out of most again, while its own heartbeats waited behind that."""
+
+import asyncio
+
+from lbg.broker import connect_broker
+from lbg.broker.memory import reset_memory_brokers
+from lbg.client.coordinator import Coordinator
+from lbg.client.steering import Holding
+from lbg.model.control import Heartbeat, MemberState
+from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
+
+URL = "memory://joining"
+QUEUES = range(4)
+
+
+class RecordingSteering:
+    """Holds nothing; remembers every set of queues it was told to stand ready for."""
+
+    def __init__(self) -> None:
+        self.told: list[set[int]] = []
+
+    def holdings(self) -> dict[int, Holding]:
+        return {q: Holding(False, None, False) for q in QUEUES}
+
+    def changed(self, queue: int) -> None:
+        pass
+
+    def prefer_only(self, queues) -> bool:
+        self.told.append(set(queues))
+        return True
+
+    def release(self, queue: int) -> None:
+        pass
+
+    def step_out(self, queue: int) -> None:
+        pass
+
+    def fence_all(self, reason: str) -> None:
+        pass
+
+    def suspend_all(self, suspended: bool, reason: str) -> None:
+        pass
+
+    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
+        return None
+
+    async def evict(self, queue: int, pin: str) -> bool:
+        return False
+
+
+def test_a_joiner_steers_nothing_on_the_first_member_it_hears() -> None:
+    async def scenario() -> tuple[list[set[int]], dict[int, str]]:
+        reset_memory_brokers()
+        admin = await connect_broker(BrokerSettings(url=URL), "admin")
+        await admin.create_group("g", GroupConfig(hash_prefix="hp", hash_count=4, queue_count=4))
+        steering = RecordingSteering()
+        broker = await connect_broker(BrokerSettings(url=URL), "me")
+        coordinator = Coordinator(broker, "g", "me", steering, interval=0.15, queue_count=4)
+        joining = asyncio.create_task(coordinator.join())
+        for member, owns in (("a", {0: "a/0", 1: "a/1"}), ("b", {2: "b/2", 3: "b/3"})):
+            await asyncio.sleep(0.03)  # a and b answer the newcomer one after the other
+            await admin.publish_control("g", Heartbeat(member, MemberState.ACTIVE, owns).encode())
+        await joining
+        return steering.told, coordinator.desired
+
+    told, desired = asyncio.run(scenario())
+    mine = {q for q, member in desired.items() if member == "me"}
+    assert len(mine) == 1, desired  # four queues over three members
+    assert told and all(queues <= mine for queues in told), f"stood ready for {told}"
