@@ -235,11 +235,20 @@ class Coordinator:
         self.state = MemberState.LEAVING
         self._drop_overrides(self.member, "leaving")
         self.rebalance()
-        await self._beat()
+        try:
+            await self._beat()
+        except (BrokerError, TimeoutError) as exc:  # it stops all the same: nothing is lost
+            log.warning(
+                "member %s: leaving not announced (%s): the others take its queues once its"
+                " lease lapses",
+                self.member,
+                exc,
+            )
 
     async def close(self) -> None:
         self._probes.close()
-        await self._beat()
+        with contextlib.suppress(BrokerError, TimeoutError):  # told at leave already
+            await self._beat()
         if self._unsubscribe is not None:
             with contextlib.suppress(Exception):
                 await self._unsubscribe()  # type: ignore[misc]

@@ -407,9 +407,9 @@ class RabbitBroker(RabbitProvisioning, Broker):
     async def publish_control(self, group: str, body: bytes) -> None:
         """One heartbeat on aiormq's channel itself: beats are most of an idle member's sends,
         and aio-pika's message object and wait_for's task per send cost more than the send."""
-        try:
-            channel = await (await self._channel("control")).get_underlay_channel()
+        try:  # the channel too: while the broker is unreachable its connection never comes
             async with asyncio.timeout(CONTROL_TIMEOUT):
+                channel = await (await self._channel("control")).get_underlay_channel()
                 await channel.basic_publish(
                     body,
                     exchange=topology.exchange_name(group),
