@@ -82,3 +82,32 @@ def test_one_ack_per_turn_of_the_loop_and_none_for_a_dropped_stint() -> None:
         assert sent == [3, 1]
 
     asyncio.run(scenario())
+
+
+@given(st.sets(st.integers(1, 20)))
+def test_a_closing_stint_acks_exactly_what_it_finished(finished: set[int]) -> None:
+    """Before a handover closes the channel: the floor in one ack, each finished delivery
+    above it alone, nothing unfinished (those still waiting go to the next owner)."""
+    floor_acks: list[int] = []
+    single_acks: list[int] = []
+
+    async def send(tag: int) -> None:
+        floor_acks.append(tag)
+
+    async def send_one(tag: int) -> None:
+        single_acks.append(tag)
+
+    async def scenario() -> None:
+        acks: FloorAcks[int] = FloorAcks(0, lambda tag: tag, send, send_one)
+        for tag in range(1, 21):
+            acks.delivered(tag)
+        for tag in sorted(finished):
+            acks.finish(tag)
+        await asyncio.sleep(0.01)  # the floor's own ack, sent at the end of the turn
+        await acks.flush(every_finished=True)
+        await acks.flush(every_finished=True)  # a second flush sends nothing again
+
+    asyncio.run(scenario())
+    floor = max(floor_acks, default=0)
+    assert set(range(1, floor + 1)) | set(single_acks) == finished
+    assert all(tag > floor for tag in single_acks) and len(set(single_acks)) == len(single_acks)

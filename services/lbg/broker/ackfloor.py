@@ -50,6 +50,13 @@ class AckFloor(Generic[Token]):
             moved = True
         return moved
 
+    def take_finished_above(self) -> list[Token]:
+        """The finished deliveries the floor has not reached (an unfinished one comes first),
+        in arrival order, once."""
+        above = [token for token in self._order if token in self._finished]
+        self._finished.difference_update(above)
+        return above
+
     def take(self) -> Token | None:
         """The token whose ack acknowledges the floor, once (None if it has not moved since);
         the highest rank, as a redelivery can arrive after later ones."""
@@ -62,11 +69,16 @@ class FloorAcks(Generic[Token]):
     event loop's turn in which it moved, so the acks finished in one turn go as one."""
 
     def __init__(
-        self, queue: int, rank: Callable[[Token], int], send: Callable[[Token], Awaitable[None]]
+        self,
+        queue: int,
+        rank: Callable[[Token], int],
+        send: Callable[[Token], Awaitable[None]],
+        send_one: Callable[[Token], Awaitable[None]] | None = None,
     ) -> None:
         self._queue = queue
         self._rank = rank
         self._send = send
+        self._send_one = send_one
         self._floor: AckFloor[Token] = AckFloor(rank)
         self._due = False
         self._senders: set[asyncio.Task[None]] = set()
@@ -86,14 +98,20 @@ class FloorAcks(Generic[Token]):
             self._senders.add(sender)
             sender.add_done_callback(self._senders.discard)
 
-    async def flush(self) -> None:
+    async def flush(self, *, every_finished: bool = False) -> None:
         """Send the floor's ack now (before a handover or a close, so nothing comes again);
-        a failure is logged, not raised: the next owner gets those deliveries again."""
+        `every_finished`: also each finished delivery above the floor, one ack each (where
+        the broker takes `send_one`): a stint that ends with deliveries it will not process
+        (a handover drops those still waiting) would otherwise hand the next owner again
+        what it processed after them. A failure is logged, not raised: the next owner gets
+        those deliveries again."""
         token = self._floor.take()
-        if token is None:
-            return
+        above = self._floor.take_finished_above() if every_finished and self._send_one else []
         try:
-            await self._send(token)
+            if token is not None:
+                await self._send(token)
+            for one in above:
+                await self._send_one(one)  # type: ignore[misc]
         except Exception as exc:  # aiormq also raises a bare Exception on a closing connection
             log.warning("queue %d: the ack floor was not sent: %s", self._queue, exc)
 

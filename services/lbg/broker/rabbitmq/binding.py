@@ -122,7 +122,9 @@ class RabbitQueueBinding(LoopBinding):
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._stint: _Stint | None = None
-        self._acks: FloorAcks[AbstractIncomingMessage] = FloorAcks(queue, delivery_tag, ack_up_to)
+        self._acks: FloorAcks[AbstractIncomingMessage] = FloorAcks(
+            queue, delivery_tag, ack_up_to, ack_one
+        )
         self._stints = 0
         self._coordinated = False
         self._next_look = 0.0
@@ -193,7 +195,7 @@ class RabbitQueueBinding(LoopBinding):
         covers no other consumer's (the close would hand them to the next owner again)."""
         stint, self._stint = self._stint, None
         if stint is not None and not stint.channel.is_closed:
-            await self._acks.flush()
+            await self._acks.flush(every_finished=True)
             with contextlib.suppress(Exception):
                 await stint.channel.close()
             log.debug("queue %d: left the line (channel closed)", self.queue)
@@ -351,3 +353,8 @@ def delivery_tag(message: AbstractIncomingMessage) -> int:
 async def ack_up_to(message: AbstractIncomingMessage) -> None:
     """Acknowledge this delivery and every earlier one on its channel, in one frame."""
     await message.ack(multiple=True)
+
+
+async def ack_one(message: AbstractIncomingMessage) -> None:
+    """Acknowledge this delivery alone."""
+    await message.ack()
