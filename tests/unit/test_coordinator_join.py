@@ -4,6 +4,8 @@ channel each) and stepped out of most again, while its own heartbeats waited beh
 
 import asyncio
 
+from tests.support.steering import QuietSteering
+
 from lbg.broker import connect_broker
 from lbg.broker.memory import reset_memory_brokers
 from lbg.client.coordinator import Coordinator
@@ -16,7 +18,7 @@ URL = "memory://joining"
 QUEUES = range(4)
 
 
-class RecordingSteering:
+class RecordingSteering(QuietSteering):
     """Holds nothing; remembers every set of queues it was told to stand ready for."""
 
     def __init__(self) -> None:
@@ -25,30 +27,9 @@ class RecordingSteering:
     def holdings(self) -> dict[int, Holding]:
         return {q: Holding(False, None, False) for q in QUEUES}
 
-    def changed(self, queue: int) -> None:
-        pass
-
     def prefer_only(self, queues) -> bool:
         self.told.append(set(queues))
         return True
-
-    def release(self, queue: int) -> None:
-        pass
-
-    def step_out(self, queue: int) -> None:
-        pass
-
-    def fence_all(self, reason: str) -> None:
-        pass
-
-    def suspend_all(self, suspended: bool, reason: str) -> None:
-        pass
-
-    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
-        return None
-
-    async def evict(self, queue: int, pin: str) -> bool:
-        return False
 
 
 def test_a_joiner_steers_nothing_on_the_first_member_it_hears() -> None:

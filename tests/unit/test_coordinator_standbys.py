@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 from tests.support.clock import Clock
+from tests.support.steering import QuietSteering
 
 from lbg.broker import connect_broker
 from lbg.broker.memory import reset_memory_brokers
@@ -17,7 +18,7 @@ from lbg.settings import BrokerSettings
 URL = "memory://standbys"
 
 
-class FakeSteering:
+class FakeSteering(QuietSteering):
     """Queues 0 and 1; what this member holds of each, and what it was told."""
 
     def __init__(self, active: set[int]) -> None:
@@ -28,9 +29,6 @@ class FakeSteering:
 
     def holdings(self) -> dict[int, Holding]:
         return {q: Holding(q in self.active, f"me/{q}", False) for q in (0, 1)}
-
-    def changed(self, queue: int) -> None:
-        pass
 
     def prefer_only(self, queues) -> bool:
         changed = self.preferred != set(queues)
@@ -45,15 +43,6 @@ class FakeSteering:
 
     def fence_all(self, reason: str) -> None:
         self.active.clear()
-
-    def suspend_all(self, suspended: bool, reason: str) -> None:
-        pass
-
-    async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
-        return None
-
-    async def evict(self, queue: int, pin: str) -> bool:
-        return False
 
 
 async def setup(steering: FakeSteering, standbys: bool, clock: Clock) -> tuple:
