@@ -175,3 +175,66 @@ def test_a_coordinated_standby_no_longer_preferred_leaves_an_idle_line(monkeypat
         await binding.close()
 
     asyncio.run(demoted())
+
+
+class SlowChannel(FakeChannel):
+    """A channel whose opening and closing take a moment; `changing` counts the changes in
+    flight across every channel of the test, `most` the highest count seen."""
+
+    changing = 0
+    most = 0
+
+    @classmethod
+    async def change(cls) -> None:
+        cls.changing += 1
+        cls.most = max(cls.most, cls.changing)
+        await asyncio.sleep(POLL)
+        cls.changing -= 1
+
+    async def close(self) -> None:
+        await self.change()
+        self.broker_closes()
+
+
+def test_a_clients_bindings_change_lines_a_few_at_a_time() -> None:
+    """Forty standbys steered into their lines at once, then out again: at most the gate's
+    width of channels opens or closes at a time (a joiner at QC 1024 opened ~400 at once)."""
+
+    async def open_channel() -> SlowChannel:
+        await SlowChannel.change()
+        return SlowChannel()
+
+    async def count_consumers(_queue: str) -> int:
+        return 1
+
+    async def steer() -> tuple[int, int, int]:
+        gate = asyncio.Semaphore(3)
+        bindings = [
+            RabbitQueueBinding(
+                *(q, f"q{q}", "tag", open_channel, count_consumers, True, POLL, lambda: 0.0),
+                stall_limit=60.0,
+                preferred=False,
+                line_gate=gate,
+            )
+            for q in range(40)
+        ]
+        for binding in bindings:
+            binding.set_coordinated()
+            binding.set_preferred(True)
+        await asyncio.sleep(40 * POLL)
+        waiting, opened_at_once = sum(b.waiting for b in bindings), SlowChannel.most
+        SlowChannel.most = 0
+        for binding in bindings:
+            binding.set_preferred(False)
+            binding.step_out()
+        await asyncio.sleep(40 * POLL)
+        closed_at_once = SlowChannel.most
+        assert not any(b.waiting for b in bindings), "every standby left its line"
+        for binding in bindings:
+            await binding.close()
+        return waiting, opened_at_once, closed_at_once
+
+    waiting, opened_at_once, closed_at_once = asyncio.run(steer())
+    assert waiting == 40, "every preferred standby stood in its line"
+    assert opened_at_once == 3, f"{opened_at_once} lines joined at once"
+    assert closed_at_once == 3, f"{closed_at_once} lines left at once"

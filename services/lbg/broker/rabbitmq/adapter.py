@@ -44,6 +44,7 @@ from lbg.broker.base import (
 )
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import (
+    LINE_CHANGES_AT_ONCE,
     RabbitQueueBinding,
     coordinated_look_seconds,
     header_text,
@@ -116,6 +117,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
         self._closing = False
         self._claims = OwnerClaims(self._open_channel, self._publish_claim)
+        self._line_gate = asyncio.Semaphore(LINE_CHANGES_AT_ONCE)  # shared by its bindings
         self._parking: dict[str, RabbitParkingLot] = {}
         # The group sizes whose queues were all seen to exist (bind checks them once).
         self._checked: set[tuple[str, int]] = set()
@@ -393,6 +395,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
             preferred=preferred,
             on_change=on_change,
             claim=claim,
+            line_gate=self._line_gate,
         )
 
     async def _publish_claim(

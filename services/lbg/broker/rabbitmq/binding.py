@@ -12,6 +12,9 @@ released queue goes to its preferred client. A dynamic member keeps each queue's
 preferred (its standby, who gets the queue the moment its owner's connection drops); one no
 longer preferred steps out of a held queue's line when its coordinator says so (step_out).
 
+A client's bindings join and leave lines a few at a time (`line_gate`, shared): a burst of
+hundreds of channel changes at a join delayed every heartbeat behind it.
+
 Idle, a binding costs nothing per second: in the line and preferred, or active, its loop
 sleeps until its channel closes (the channel's close callback) or it is told something; only
 a standby that looks by itself wakes on a timer. A coordinated one counts the queue's
@@ -59,6 +62,11 @@ COORDINATED_LOOKS_PER_SECOND = 1.0
 # A coordinated standby no longer preferred leaves a line once it has stood in it this long
 # (idle lines are left alone while the views of a mass start settle, about a second).
 LINE_SETTLE_SECONDS = 2.0
+# A client joins or leaves this many queues' lines at once at most (a channel each, opened
+# with its prefetch and consumer, or closed): a joiner at QC 1024 stood in ~400 lines at once,
+# and its heartbeats waited behind that burst, in its event loop and at the broker, until it
+# fenced itself; the members it took queues from did the same on a smaller scale.
+LINE_CHANGES_AT_ONCE = 16
 
 
 def coordinated_look_seconds(queue_count: int) -> float:
@@ -109,6 +117,7 @@ class RabbitQueueBinding(LoopBinding):
         on_change: StateListener | None = None,
         claim: ClaimEpoch | None = None,
         look_seconds: float = COORDINATED_LOOK_SECONDS,
+        line_gate: asyncio.Semaphore | None = None,
     ) -> None:
         super().__init__(queue, on_change, preferred)
         self._claim = claim
@@ -119,6 +128,7 @@ class RabbitQueueBinding(LoopBinding):
         self._exclusive = exclusive
         self._poll = poll_seconds
         self._look_seconds = look_seconds
+        self._line_gate = line_gate or asyncio.Semaphore(LINE_CHANGES_AT_ONCE)
         self._paused_for = paused_for
         self._stall_limit = stall_limit
         self._stint: _Stint | None = None
@@ -197,7 +207,8 @@ class RabbitQueueBinding(LoopBinding):
         if stint is not None and not stint.channel.is_closed:
             await self._acks.flush(every_finished=True)
             with contextlib.suppress(Exception):
-                await stint.channel.close()
+                async with self._line_gate:
+                    await stint.channel.close()
             log.debug("queue %d: left the line (channel closed)", self.queue)
 
     async def _failed(self, exc: Exception) -> float:
@@ -282,6 +293,11 @@ class RabbitQueueBinding(LoopBinding):
         return True
 
     async def _join_line(self) -> None:
+        async with self._line_gate:
+            await self._register()
+
+    async def _register(self) -> None:
+        """Open the stint's channel and stand in the queue's line on it."""
         channel = await self._open_channel()
         channel.close_callbacks.add(self._wake_on_close)
         await channel.set_qos(prefetch_count=PREFETCH)
