@@ -31,7 +31,31 @@ def test_a_standby_is_the_queues_owner_once_its_owner_is_gone(
         assert current.get(queue) == owner != standby
         assert standby in members
         rest = [m for m in members if m != owner]
-        assert assign_with_overrides(queue_count, rest, current, overrides)[queue] == standby
+        assert assign_with_overrides(queue_count, rest, assigned, overrides)[queue] == standby
+
+
+@given(groups())
+def test_a_move_in_progress_changes_no_standby_of_the_queues_that_stay(
+    group: tuple[int, list[str], dict[int, str], dict[int, str]],
+) -> None:
+    """While queues move (a join, a leave), the others' lines hold the standbys they will
+    hold once the moves are done: no line is joined for the moment of the move alone."""
+    queue_count, members, current, overrides = group
+    assigned = assign_with_overrides(queue_count, members, current, overrides)
+    during = standby_assignment(queue_count, members, current, overrides)
+    settled = standby_assignment(queue_count, members, assigned, overrides)
+    assert during == {q: m for q, m in settled.items() if q in during}
+
+
+def test_a_joiner_stands_ready_for_its_share_not_for_every_queue() -> None:
+    """A member joining a settled group of 4 at QC 1024 holds nothing yet: it is made standby
+    for about a fifth of the queues, as it will be once it holds its own (it was the standby
+    of all 820 queues that stayed where they were, a channel each on RabbitMQ)."""
+    old = [f"m{i}" for i in range(4)]
+    settled = assign_with_overrides(1024, old, {}, {})
+    standbys = standby_assignment(1024, [*old, "joiner"], settled, {})
+    mine = sum(member == "joiner" for member in standbys.values())
+    assert 150 <= mine <= 260, f"the joiner is standby for {mine} of {len(standbys)} queues"
 
 
 @given(groups())

@@ -159,7 +159,11 @@ def standby_assignment(
     overrides: Mapping[int, str],
 ) -> dict[int, str]:
     """For each queue its owner in `assign_with_overrides` holds now, the member that would
-    get it if that owner went: its owner in the assignment without that member.
+    get it if that owner went once the group has settled: its owner in the assignment without
+    that member, from the assignment rather than from what is held now. (From what was held,
+    a joiner that held nothing yet had room for every queue of any member that went, and
+    stood in the line of every queue of the group for the second its join took: at QC 1024,
+    a thousand channels opened and most closed again.)
 
     A queue on the move (its assigned owner does not hold it yet) gets none, so that its line
     holds only the member it moves to. Deterministic, like the assignment.
@@ -173,6 +177,6 @@ def standby_assignment(
     standbys: dict[int, str] = {}
     for owner, queues in held.items():
         others = [m for m in people if m != owner]
-        without = assign_with_overrides(queue_count, others, current, overrides)
+        without = assign_with_overrides(queue_count, others, assigned, overrides)
         standbys.update((q, without[q]) for q in queues if q in without)
     return standbys
