@@ -204,14 +204,16 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
     """One table per figure: sizes down, brokers across."""
     kinds = list(results)
     lines: list[str] = []
-    for key, title in (
+    figures = (
         ("clients_cpu_pct", "clients' CPU, % of a core"),
         ("broker_cpu_pct", "broker CPU, % of a core"),
         ("control_bytes_per_s", "control channel, bytes/s"),
         ("join_s", "join: start -> joined, s, p50 / max"),
         ("crash_s", "kill -9 -> seen gone, s, p50 / max"),
         ("load_1min", "machine load (1 min) at the window's end"),
-    ):
+    )
+    label_width = max(len(title) for _, title in figures)  # every table's columns line up
+    for key, title in figures:
         rows = []
         for index, size in enumerate(sizes):
             cells = []
@@ -220,7 +222,7 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
                 value = measured[index].get(key) if index < len(measured) else None
                 cells.append("-" if value is None else cell(value))
             rows.append((size.label, cells))
-        lines += ["", *table(16, kinds, [""], rows, width=12, heading=title)]
+        lines += ["", *table(label_width, kinds, [""], rows, width=14, heading=title)]
     lines += [f"[{k}] {v['error']}" for k, v in results.items() if "error" in v]
     return lines
 
