@@ -63,9 +63,9 @@ COORDINATED_LOOKS_PER_SECOND = 1.0
 # (idle lines are left alone while the views of a mass start settle, about a second).
 LINE_SETTLE_SECONDS = 2.0
 # A client joins or leaves this many queues' lines at once at most (a channel each, opened
-# with its prefetch and consumer, or closed): a joiner at QC 1024 stood in ~400 lines at once,
-# and its heartbeats waited behind that burst, in its event loop and at the broker, until it
-# fenced itself; the members it took queues from did the same on a smaller scale.
+# with its prefetch and consumer, or closed): a joiner at QC 1024 stood in hundreds of lines
+# at once, and its heartbeats waited behind that burst, in its event loop and at the broker,
+# until it fenced itself; the members it took queues from did the same on a smaller scale.
 LINE_CHANGES_AT_ONCE = 16
 
 
