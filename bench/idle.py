@@ -106,7 +106,12 @@ async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon
 
 
 async def measure_size(
-    run: BrokerRun, broker: Broker, size: Size, window: float, samples: int
+    run: BrokerRun,
+    broker: Broker,
+    size: Size,
+    window: float,
+    samples: int,
+    member_args: tuple[str, ...] = (),
 ) -> dict:
     """Idle CPU and control bytes/s at one size, then `samples` joins and crashes."""
     name = f"idle-{uuid.uuid4().hex[:6]}"
@@ -124,7 +129,8 @@ async def measure_size(
     unsubscribe = await broker.subscribe_control(name, count)
     try:
         clients = [
-            deployment.start(f"c{n}", "lbg-client", "--id", f"c{n}") for n in range(size.clients)
+            deployment.start(f"c{n}", "lbg-client", "--id", f"c{n}", *member_args)
+            for n in range(size.clients)
         ]
         names = [c.name for c in clients]
         joined = lambda: logged(deployment, names, JOINED)  # noqa: E731
@@ -149,7 +155,9 @@ async def measure_size(
         }
         result["join_s"], result["crash_s"] = [], []
         for sample in range(samples):
-            joiner = deployment.start(f"j{sample}", "lbg-client", "--id", f"j{sample}")
+            joiner = deployment.start(
+                f"j{sample}", "lbg-client", "--id", f"j{sample}", *member_args
+            )
             joined_in = await wait_until(
                 lambda: logged(deployment, [joiner.name], JOINED),  # noqa: B023
                 SETTLE_TIMEOUT,
@@ -182,7 +190,11 @@ async def measure_size(
 
 
 async def scenario(
-    run: BrokerRun, sizes: list[Size], window: float, samples: int
+    run: BrokerRun,
+    sizes: list[Size],
+    window: float,
+    samples: int,
+    member_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Every size on one broker."""
     broker = await run.connect("bench-idle")
@@ -191,7 +203,7 @@ async def scenario(
         for size in sizes:
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
             try:
-                rows.append(await measure_size(run, broker, size, window, samples))
+                rows.append(await measure_size(run, broker, size, window, samples, member_args))
             except (BenchError, BrokerError) as exc:  # the other sizes still count
                 print(f"[{run.kind}] {size.label} failed: {exc}", file=sys.stderr)
                 rows.append({"error": str(exc)})
@@ -242,18 +254,27 @@ def cell(value: Any) -> str:
 @click.option("--samples", default=3, show_default=True, type=click.IntRange(min=1),
               help="Joins and kills -9 timed per size, one after the other.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Last stdout line: every figure as JSON.")
+@click.option(
+    "--member-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A TOML file every client runs with (--config), e.g. other [client] "
+    "heartbeat_interval, lease and lease_margin values, to weigh their idle cost against "
+    "the defaults' [default: the built-in defaults].",
+)
 @broker_options
 def main(
     sizes: list[Size],
     window: float,
     samples: int,
     as_json: bool,
+    member_config: str | None,
     brokers: tuple[str, ...],
     broker_url: str | None,
     admin_url: str | None,
 ) -> None:
     """Idle cost of a group by queue count, on each broker, in one run."""
     kinds = chosen_brokers(brokers, broker_url, admin_url)
+    member_args = ("--config", str(Path(member_config).resolve())) if member_config else ()
     with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
         results = uvloop.run(
             run_per_broker(
@@ -261,7 +282,7 @@ def main(
                 broker_url,
                 admin_url,
                 Path(folder),
-                lambda run: scenario(run, sizes, window, samples),
+                lambda run: scenario(run, sizes, window, samples, member_args),
                 lambda line: print(line, file=sys.stderr),
             )
         )

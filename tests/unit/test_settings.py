@@ -52,6 +52,14 @@ def test_example_files_load_and_match_defaults(name: str, schema: type) -> None:
     assert load_config(CONFIG_DIR / name, schema) == load_config(None, schema)
 
 
+def test_the_idle_economy_profile_halves_the_heartbeats_within_the_lease_rules() -> None:
+    config = load_config(CONFIG_DIR / "lbg-client-idle-economy.toml", ClientConfig)
+    defaults = load_config(None, ClientConfig)
+    assert config.client.heartbeat_interval == 2 * defaults.client.heartbeat_interval
+    assert config.client.lease == 2 * defaults.client.lease
+    assert config.client.lease_margin == 2 * defaults.client.lease_margin
+
+
 def test_example_admin_file_describes_the_orders_group() -> None:
     config = load_config(CONFIG_DIR / "cg-admin.toml", AdminConfig)
     assert config.broker.url == "nats://127.0.0.1:4222"
