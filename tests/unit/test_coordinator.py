@@ -17,6 +17,7 @@ from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
 from lbg.client.steering import BindingSteering
 from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync
 from lbg.model.group import GroupConfig
+from lbg.model.lease import LeaseTerms
 from lbg.model.messages import MalformedMessage
 from lbg.settings import BrokerSettings
 
@@ -59,6 +60,31 @@ def test_a_pin_nobody_claims_is_evicted_only_after_a_lease_and_its_margin() -> N
         await coordinator.tick()
         for _ in range(5):  # 0.75 s: its owner may have been cut off right after the pin
             clock.now += 0.15
+            await coordinator.tick()
+            assert held.active, "evicted a pin whose owner may still hold its lease"
+        clock.now += 0.15
+        await coordinator.tick()
+        assert not held.active and mine.active, "the unclaimed pin was evicted, the queue taken"
+
+    asyncio.run(rounds())
+
+
+def test_a_pin_nobody_claims_waits_out_the_longest_lease_a_member_announces() -> None:
+    """A member on a 1.4 s lease (margin 0.3) may hold it, cut off, until 1.1 s after its last
+    heartbeat: this member's own 0.7 + 0.15 s is not enough."""
+    clock = Clock(100)
+
+    async def rounds() -> None:
+        broker, (held,), mine = await held_by("not-heard-yet")
+        coordinator = member(broker, mine, clock)
+        await coordinator.join()
+        leaving = Heartbeat("slow", MemberState.LEAVING, terms=LeaseTerms(1.4, 0.3)).encode()
+        clock.now += 0.01
+        coordinator._receive(leaving)
+        await coordinator.tick()
+        for _ in range(9):  # 1.35 s
+            clock.now += 0.15
+            coordinator._receive(leaving)
             await coordinator.tick()
             assert held.active, "evicted a pin whose owner may still hold its lease"
         clock.now += 0.15

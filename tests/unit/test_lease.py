@@ -118,6 +118,52 @@ def test_a_member_stops_before_a_peer_may_evict_it(
     echoed to its sender back[i] later and heard by a peer peer_lag[i] after the relay (a
     peer's lag stays under 2 x margin, which its own echoes check). At no moment may the
     member still hold its first, unbroken lease while the peer counts it as gone."""
+    assert_never_two_owners(relay, back, peer_lag, TERMS, TERMS)
+
+
+ECONOMY = LeaseTerms(lease=1.4, margin=0.3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    relay=st.lists(delays, min_size=5, max_size=60),
+    back=st.lists(st.floats(0.0, 0.1), min_size=60, max_size=60),
+    lag=st.lists(st.floats(0.0, 0.99), min_size=60, max_size=60),
+    member_terms=st.sampled_from([TERMS, ECONOMY]),
+    peer_terms=st.sampled_from([TERMS, ECONOMY]),
+)
+# A member on the longer lease goes silent after its first beat: a peer on the default one
+# evicted it 0.85 s later, while it still processed until 1.1 s (before heartbeats said
+# their member's terms).
+@example(
+    relay=[0.0] + [float("inf")] * 9,
+    back=[0.0] * 60,
+    lag=[0.0] * 60,
+    member_terms=ECONOMY,
+    peer_terms=TERMS,
+)
+def test_members_on_different_lease_terms_never_own_a_queue_at_once(
+    relay: list[float],
+    back: list[float],
+    lag: list[float],
+    member_terms: LeaseTerms,
+    peer_terms: LeaseTerms,
+) -> None:
+    """As above, with the member and its peer each on its own config (a rolling change of the
+    lease): the peer's lag stays under 2 x its own margin."""
+    peer_lag = [fraction * 2 * peer_terms.margin for fraction in lag]
+    assert_never_two_owners(relay, back, peer_lag, member_terms, peer_terms)
+
+
+def assert_never_two_owners(
+    relay: list[float],
+    back: list[float],
+    peer_lag: list[float],
+    member_terms: LeaseTerms,
+    peer_terms: LeaseTerms,
+) -> None:
+    """Play the member's beats (announcing its terms) and the peer's view of them; fail if the
+    peer counts the member gone while its first lease still holds."""
     events: list[tuple[float, int, str, int]] = []  # (when, then by: send, echo/hear, check)
     for i, delay in enumerate(relay):
         events.append((i * INTERVAL, 0, "send", i))
@@ -130,8 +176,8 @@ def test_a_member_stops_before_a_peer_may_evict_it(
     events.sort()
 
     clock = Clock()
-    lease = OwnLease(TERMS, clock)
-    view = MembershipView(TERMS.lease, clock, TERMS.margin)
+    lease = OwnLease(member_terms, clock)
+    view = MembershipView(peer_terms.lease, clock, peer_terms.margin)
     beats: dict[int, int] = {}
     unbroken, evicted = True, False
     for at, _, what, i in events:
@@ -141,7 +187,7 @@ def test_a_member_stops_before_a_peer_may_evict_it(
         elif what == "echo" and lease.echoed(beats[i]):
             unbroken = False
         elif what == "hear":
-            view.observe(Heartbeat("a", MemberState.ACTIVE, beat=beats[i]))
+            view.observe(Heartbeat("a", MemberState.ACTIVE, beat=beats[i], terms=member_terms))
         if not lease.holds():
             unbroken = False
         evicted = evicted or bool(view.expire())

@@ -11,6 +11,7 @@ from tests.support.clock import Clock
 
 from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState, queues_digest, unnumbered
+from lbg.model.lease import LeaseTerms
 from lbg.model.messages import MalformedMessage
 
 
@@ -59,6 +60,11 @@ def test_the_latest_claim_of_a_queue_wins() -> None:
 
 
 states = st.sampled_from(list(MemberState))
+terms = st.none() | st.builds(
+    lambda lease, share: LeaseTerms(lease, lease * share),
+    st.floats(0.01, 600.0),
+    st.floats(0.0, 0.49),
+)
 
 
 @given(
@@ -67,10 +73,32 @@ states = st.sampled_from(list(MemberState))
     st.dictionaries(st.integers(0, 999), st.text(max_size=8), max_size=5),
     st.frozensets(st.integers(0, 999), max_size=5),
     st.integers(0, 65535),
+    terms,
 )
-def test_heartbeats_round_trip(member, state, owns, wants, generation) -> None:
-    heartbeat = Heartbeat(member, state, owns, wants, generation)
+def test_heartbeats_round_trip(member, state, owns, wants, generation, terms) -> None:
+    heartbeat = Heartbeat(member, state, owns, wants, generation, terms=terms)
     assert Heartbeat.decode(heartbeat.encode()) == heartbeat
+
+
+@pytest.mark.parametrize("terms", [b"[1, 0.5]", b"[1]", b'"x"', b"7", b"[1, -0.1]", b"[1, 2, 3]"])
+def test_lease_terms_a_member_could_not_run_are_a_malformed_heartbeat(terms: bytes) -> None:
+    with pytest.raises(MalformedMessage, match=r"lease|margin|values|float|iterable"):
+        Heartbeat.decode(b'{"m": "a", "st": "active", "l": ' + terms + b"}")
+
+
+def test_a_member_on_a_longer_lease_is_evicted_by_its_own_terms() -> None:
+    """Its peer evicts it once it surely stopped: its lease minus its margin after it was
+    last heard, plus twice the peer's own margin (the peer's view may lag that much)."""
+    clock = Clock(100)
+    view = MembershipView(lease=0.7, clock=clock, margin=0.15)
+    view.observe(Heartbeat("slow", MemberState.ACTIVE, terms=LeaseTerms(1.4, 0.3)))
+    view.observe(Heartbeat("same", MemberState.ACTIVE))
+    assert view.next_expiry() == pytest.approx(100 + 0.85)
+    clock.now += 0.9
+    assert [heartbeat.member for heartbeat in view.expire()] == ["same"]
+    assert view.next_expiry() == pytest.approx(100 + 1.1 + 0.3)
+    clock.now = 100 + 1.41
+    assert [heartbeat.member for heartbeat in view.expire()] == ["slow"]
 
 
 def test_a_heartbeat_without_a_generation_runs_the_first_one() -> None:

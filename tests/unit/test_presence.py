@@ -106,3 +106,26 @@ def test_no_answer_or_a_stale_own_view_forgets_nobody() -> None:
         assert view.members() == ["a", "b"]
 
     asyncio.run(scenario())
+
+
+def test_a_peer_on_a_longer_lease_is_asked_about_once_its_own_lease_could_have_ended() -> None:
+    """Asked after this member's 0.55 s, a peer on a 1.4 s lease (margin 0.3) that was cut
+    off but still processing would be gone while it still held its queues."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        broker, view, probes, own, _ = setup(clock)
+        view.observe(Heartbeat("slow", MemberState.ACTIVE, probe=True, terms=LeaseTerms(1.4, 0.3)))
+        assert probes.next_due() == 1.4 - 0.3
+        clock.now = 1.0
+        own.echoed(own.sent())
+        probes.ask()
+        await asyncio.sleep(0)
+        assert broker.asked == []
+        clock.now = 1.1
+        own.echoed(own.sent())
+        probes.ask()
+        await asyncio.sleep(0)
+        assert broker.asked == ["slow"]
+
+    asyncio.run(scenario())

@@ -149,7 +149,9 @@ class Coordinator:
 
     @property
     def _evict_unclaimed(self) -> float:
-        return self.view.lease + self.view.margin
+        """How long a pin nobody claims waits: its holder, whoever it is, has stopped by then
+        (lease + margin when every member runs the same terms)."""
+        return self.view.longest_fence_delay() + 2 * self.view.margin
 
     def lease_ok(self) -> bool:
         """True while the broker relayed this member's heartbeats back recently enough: it
@@ -597,5 +599,6 @@ class Coordinator:
             digest,
             full,
             self._probe_me,
+            self.own_lease.terms,
         )
         await self._broker.publish_control(self._group, heartbeat.encode())

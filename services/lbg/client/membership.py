@@ -2,8 +2,9 @@
 
 Every member publishes a heartbeat every `interval` on the group's control destination and
 keeps a view of the others from theirs. A member is gone when its lease lapses (no heartbeat
-for `lease + margin` seconds: see model/lease.py for why the margin); one that says it is leaving
-or stalled gets no more queues at once.
+for `lease + margin` seconds: see model/lease.py for why the margin, and for the terms of a
+member whose heartbeats announce other ones); one that says it is leaving or stalled gets no
+more queues at once.
 The view is pure logic with an injected clock; the transport is the broker's.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lbg.model.control import Heartbeat, MemberState
+from lbg.model.lease import LeaseTerms
 
 
 @dataclass
@@ -30,6 +32,7 @@ class MembershipView:
     ) -> None:
         self.lease = lease
         self.margin = margin
+        self.terms = LeaseTerms(lease, margin)
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
 
@@ -41,13 +44,28 @@ class MembershipView:
     def expire(self) -> list[Heartbeat]:
         """Drop members whose lease lapsed, margin included; returns their last heartbeats."""
         now = self._clock()
-        gone = [m for m, seen in self._seen.items() if now - seen.at > self.lease + self.margin]
+        evict_after = self.terms.evict_after
+        gone = [
+            m for m, seen in self._seen.items() if now - seen.at > evict_after(seen.heartbeat.terms)
+        ]
         return [self._seen.pop(member).heartbeat for member in gone]
 
-    def silent(self, for_at_least: float) -> dict[str, float]:
-        """Members not heard from for `for_at_least` seconds or more: when each was last heard."""
+    def silent_past_fence(self) -> dict[str, float]:
+        """Members not heard from for their `fence_delay` or more: when each was last heard."""
         now = self._clock()
-        return {m: seen.at for m, seen in self._seen.items() if now - seen.at >= for_at_least}
+        delay = self.fence_delay
+        return {m: seen.at for m, seen in self._seen.items() if now - seen.at >= delay(m)}
+
+    def fence_delay(self, member: str) -> float:
+        """How long after its last heartbeat `member` has surely stopped, if it has been cut
+        off: by the terms it announces (this member's own if it does not say)."""
+        seen = self._seen.get(member)
+        terms = seen.heartbeat.terms if seen is not None else None
+        return (terms or self.terms).fence_delay
+
+    def longest_fence_delay(self) -> float:
+        """The longest `fence_delay` of this member and every member in the view."""
+        return max((self.terms.fence_delay, *(self.fence_delay(member) for member in self._seen)))
 
     def last_heard(self) -> dict[str, float]:
         """When each member was last heard from."""
@@ -65,7 +83,8 @@ class MembershipView:
         """When the first current lease lapses (margin included); None with nobody seen."""
         if not self._seen:
             return None
-        return min(seen.at for seen in self._seen.values()) + self.lease + self.margin
+        evict_after = self.terms.evict_after
+        return min(seen.at + evict_after(seen.heartbeat.terms) for seen in self._seen.values())
 
     def members(self) -> list[str]:
         """Members that can be given queues: current lease and not stalled, sorted."""

@@ -3,10 +3,10 @@
 A member fences itself `lease - margin` after its last heartbeat was sent; its peers evict
 it `lease + margin` after they last heard it, since silence alone cannot tell a crash from
 a slow relay. Where the broker answers for members' connections (Broker.probe_member), a
-peer silent for `lease - margin` is asked about once: if its connection closed, every
-heartbeat it sent came in before the answer, so it stopped by now and is gone at once, a
-`2 x margin` sooner. A peer that is alive but silent (stopped, cut off) gets no such answer
-and waits out its lease.
+peer silent for `lease - margin` (by the terms its heartbeats announce) is asked about
+once: if its connection closed, every heartbeat it sent came in before the answer, so it
+stopped by now and is gone at once, a `2 x margin` sooner. A peer that is alive but silent
+(stopped, cut off) gets no such answer and waits out its lease.
 """
 
 from __future__ import annotations
@@ -43,16 +43,12 @@ class PresenceProbes:
         self._asked: dict[str, float] = {}  # member -> when last heard, as asked about
         self._tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def after(self) -> float:
-        """Silence after which a peer's own lease could have ended."""
-        return self._own_lease.terms.lease - self._own_lease.terms.margin
-
     def next_due(self) -> float | None:
-        """When the next silent peer becomes worth asking about."""
+        """When the next silent peer becomes worth asking about: once its own lease could
+        have ended (MembershipView.fence_delay)."""
         return min(
             (
-                at + self.after
+                at + self._view.fence_delay(member)
                 for member, at in self._view.last_heard().items()
                 if self._asked.get(member) != at and self._probeable(member)
             ),
@@ -60,10 +56,11 @@ class PresenceProbes:
         )
 
     def ask(self) -> None:
-        """Ask about each probeable peer silent for `after`, once per silence."""
+        """Ask about each probeable peer silent since its lease could have ended, once per
+        silence."""
         heard = self._view.last_heard()
         self._asked = {m: at for m, at in self._asked.items() if m in heard}
-        for member, at in self._view.silent(self.after).items():
+        for member, at in self._view.silent_past_fence().items():
             if self._asked.get(member) == at or not self._probeable(member):
                 continue
             self._asked[member] = at

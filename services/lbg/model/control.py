@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from lbg.model.lease import LeaseTerms
 from lbg.model.messages import MalformedMessage
 
 MOVE = "move"
@@ -62,7 +63,9 @@ class Heartbeat:
     which the member knows its own heartbeat when the broker relays it back. `full` False:
     it carries only `digest` of its queues, which the receiver fills in (`filled_from`).
     `probe`: the broker answers for this member's connection (Broker.probe_member), so a
-    peer may ask it whether the member's connection closed instead of waiting out the lease."""
+    peer may ask it whether the member's connection closed instead of waiting out the lease.
+    `terms`: the lease and margin the member fences itself by, which its peers evict it by
+    (None from a member that does not say: the peer's own)."""
 
     member: str
     state: MemberState
@@ -73,6 +76,7 @@ class Heartbeat:
     digest: int = 0
     full: bool = True
     probe: bool = False
+    terms: LeaseTerms | None = None
 
     def encode(self) -> bytes:
         body: dict[str, object] = {
@@ -84,6 +88,8 @@ class Heartbeat:
         }
         if self.probe:
             body["p"] = 1
+        if self.terms is not None:
+            body["l"] = [self.terms.lease, self.terms.margin]
         if self.full:
             body["o"] = {str(q): pin for q, pin in self.owns.items()}
             body["w"] = sorted(self.wants)
@@ -112,6 +118,7 @@ class Heartbeat:
             self.digest,
             full,
             self.probe,
+            self.terms,
         )
 
     @classmethod
@@ -137,12 +144,21 @@ class Heartbeat:
                 digest=int(obj.get("d", 0)),
                 full=full,
                 probe=bool(obj.get("p", 0)),
+                terms=_terms(obj["l"]) if "l" in obj else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
 
 
 _STATES = {state.value: state for state in MemberState}  # the enum's call is several times slower
+
+
+def _terms(value: Any) -> LeaseTerms:
+    """A heartbeat's `[lease, margin]`, raising ValueError if it is not valid terms."""
+    lease, margin = (float(x) for x in value)
+    if not (math.isfinite(lease) and math.isfinite(margin)):
+        raise ValueError(f"lease terms must be finite, got {value!r}")
+    return LeaseTerms(lease, margin)
 
 
 def unnumbered(body: bytes) -> bytes:

@@ -7,6 +7,10 @@ evict it at `last heard + lease + margin`. So the member stops 2 x margin before
 earliest eviction, as long as a peer's view lags the broker by less than that: a peer
 evicts only while its own heartbeats come back within 2 x margin (`view_current`).
 
+Members whose configs differ (a rolling change of the lease) stay safe: a heartbeat says its
+member's lease and margin, and a peer evicts it after that lease minus that margin plus twice
+its own margin (`LeaseTerms.evict_after`), never before it stopped.
+
 A lease that lapsed stays lapsed until the member fenced what it held: a confirmation that
 arrives late (a partition healed) renews it only after the caller dropped every queue, so
 nothing buffered before the gap is processed under the renewed lease.
@@ -33,10 +37,24 @@ class LeaseTerms:
         if not 0 <= 2 * self.margin < self.lease:
             raise ValueError(f"margin {self.margin:g} must be >= 0 and < lease/2 ({self.lease:g})")
 
+    @property
+    def fence_delay(self) -> float:
+        """How long after its last confirmed heartbeat was sent a member on these terms stops."""
+        return self.lease - self.margin
+
     def fence_at(self, confirmed: float) -> float:
         """When a member whose last confirmed heartbeat was sent at `confirmed` stops (peers
         evict it `lease + margin` after they last heard it: MembershipView)."""
-        return confirmed + self.lease - self.margin
+        return confirmed + self.fence_delay
+
+    def evict_after(self, peer: LeaseTerms | None = None) -> float:
+        """The silence after which a member on these terms may evict a peer on `peer`'s (its
+        heartbeats say them; None: the same as these). The peer stops `peer.fence_delay` after
+        its last confirmed heartbeat, and this member evicts only while its own view lags
+        the broker by under 2 x its own margin: `lease + margin` when both run the same terms,
+        and never before a peer on longer ones has stopped (a group whose members' configs
+        differ, as in a rolling change of the lease)."""
+        return (peer or self).fence_delay + 2 * self.margin
 
 
 class OwnLease:
