@@ -87,6 +87,29 @@ def test_a_partitioned_member_stops_before_its_successor_starts(
     cut_off_and_healed(broker, deployment, validate, store, partition)
 
 
+ECONOMY = Path(__file__).resolve().parents[2] / "config" / "lbg-client-idle-economy.toml"
+
+
+@pytest.mark.parametrize("partition", ["proxy"], indirect=True)
+def test_a_partitioned_member_on_a_longer_lease_than_its_peers_stops_before_its_successor(
+    broker: BrokerEndpoint,
+    make_group,
+    deployment: LocalDeployment,
+    validate,
+    store: Path,
+    partition: Cut,
+) -> None:
+    """client-a runs the idle-economy lease (1.4 s, margin 0.3: it fences 1.1 s after its
+    last confirmed heartbeat), its peers the default (0.7 s, 0.15), as in a rolling change of
+    the lease: its peers must wait out its lease, not theirs."""
+    make_group("--queue-count", "6")
+    economy = ("--config", str(ECONOMY))
+    member(deployment, "client-a", "--broker-url", partition.url, *economy, *HANDLER)
+    for name in ("client-b", "client-c"):
+        member(deployment, name, *HANDLER)
+    cut_off_and_healed(broker, deployment, validate, store, partition)
+
+
 def test_a_partitioned_static_client_stops_before_the_broker_moves_its_queues(
     broker: BrokerEndpoint,
     make_group,
