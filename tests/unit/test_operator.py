@@ -34,6 +34,7 @@ from lbg.model.control import (
 )
 from lbg.model.group import GroupConfig
 from lbg.model.hashing import bucket_for
+from lbg.model.lease import LeaseTerms
 from lbg.model.messages import MalformedMessage
 from lbg.model.overrides import OverrideBook, assign_with_overrides
 from lbg.settings import BrokerSettings
@@ -426,6 +427,20 @@ def test_status_of_a_static_group_shows_the_brokers_active_clients() -> None:
     assert [q.serving for q in status.queues] == ["s0", "s1", None, None]
     assert [q.assigned for q in status.queues] == [None] * 4
     assert "no dynamic members heard" in status.to_text()
+
+
+def test_status_shows_each_members_lease_while_they_differ() -> None:
+    longer = Heartbeat("b", MemberState.ACTIVE, terms=LeaseTerms(1.4, 0.3))
+    default = Heartbeat("a", MemberState.ACTIVE, terms=LeaseTerms(0.7, 0.15))
+    mixed = {"a": default, "b": longer, "c": beat("c")}
+    lines = group_status("g", CONFIG, statuses({}), mixed, OverrideBook(), 0.5).to_text()
+    member_lines = {line.split()[0]: line for line in lines.splitlines() if line.startswith("  ")}
+    assert member_lines["a"].endswith("(lease 0.7s, margin 0.15s)")
+    assert member_lines["b"].endswith("(lease 1.4s, margin 0.3s)")
+    assert member_lines["c"].endswith("(lease not announced: an older build)")
+    same = {"a": default, "b": dataclasses.replace(longer, terms=default.terms)}
+    lines = group_status("g", CONFIG, statuses({}), same, OverrideBook(), 0.5).to_text()
+    assert "lease" not in lines
 
 
 def test_status_shows_a_resized_groups_generation_and_the_members_behind_it() -> None:

@@ -57,6 +57,7 @@ class MemberRow:
     serves: list[int]
     wants: list[int]
     generation: int = 0
+    lease: tuple[float, float] | None = None  # (lease, margin) as it announces them
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +123,14 @@ class GroupStatus:
         if self.members:
             lines.append(f"members ({len(self.members)} heard in {self.listened:g}s):")
             width = max(len(m.member) for m in self.members)
+            mixed = len({m.lease for m in self.members}) > 1  # a rolling change of the lease
             for m in self.members:
                 serves = " ".join(map(str, m.serves)) or "-"
                 behind = (
                     f" (runs generation {m.generation})" if m.generation < cfg.generation else ""
                 )
-                lines.append(f"  {m.member:<{width}}  {m.state:<8} serves {serves}{behind}")
+                lease = f" ({lease_text(m.lease)})" if mixed else ""
+                lines.append(f"  {m.member:<{width}}  {m.state:<8} serves {serves}{behind}{lease}")
         else:
             lines.append(
                 f"no dynamic members heard in {self.listened:g}s "
@@ -164,6 +167,13 @@ class GroupStatus:
         return "\n".join(lines)
 
 
+def lease_text(terms: tuple[float, float] | None) -> str:
+    """A member's lease as `lbg status` shows it when the members' leases differ."""
+    if terms is None:
+        return "lease not announced: an older build"
+    return f"lease {terms[0]:g}s, margin {terms[1]:g}s"
+
+
 def short_list(items: list[int], limit: int = 4) -> str:
     shown = ",".join(map(str, items[:limit]))
     return f"[{shown}{',...' if len(items) > limit else ''}]"
@@ -180,7 +190,14 @@ def group_status(
     """Combine the heartbeats heard (latest per member, in arrival order) with the broker's
     queue status; the assignment is computed as every coordinator computes it."""
     members = [
-        MemberRow(hb.member, hb.state.value, sorted(hb.owns), sorted(hb.wants), hb.generation)
+        MemberRow(
+            hb.member,
+            hb.state.value,
+            sorted(hb.owns),
+            sorted(hb.wants),
+            hb.generation,
+            (hb.terms.lease, hb.terms.margin) if hb.terms else None,
+        )
         for hb in sorted(heartbeats.values(), key=lambda hb: hb.member)
     ]
     owners = {q: hb.member for hb in heartbeats.values() for q in hb.owns}
