@@ -137,12 +137,20 @@ async def join_group(
 ) -> tuple[Broker, GroupConfig] | None:
     """Connect and read the group, within `connect_retry_for`; None if stopped meanwhile."""
     budget = StartupBudget(settings.connect_retry_for, stop)
+    started = time.monotonic()
     try:
         broker = await connect_with_retry(settings, client_name, budget)
     except StartupStopped:
         return None
     try:
-        return broker, await read_group_with_retry(broker, settings.shown_url, group, budget)
+        config = await read_group_with_retry(broker, settings.shown_url, group, budget)
+        log.debug(
+            "%s: connected and read group '%s' in %.3fs",
+            client_name,
+            group,
+            time.monotonic() - started,
+        )
+        return broker, config
     except StartupStopped:
         await broker.close()
         return None

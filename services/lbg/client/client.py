@@ -164,9 +164,15 @@ class LbgClient:
 
     async def run(self, stop: asyncio.Event) -> ClientStats:
         """Bind every queue and work until `stop` is set, then hand over cleanly."""
-        queues = range(self._config.queue_count)
+        queues, started = range(self._config.queue_count), time.monotonic()
         await gather_bounded(
             self._broker.bind_concurrency, map(partial(self._bind, self._config), queues)
+        )
+        log.debug(
+            "client %s bound %d queues in %.3fs",
+            self.client_id,
+            len(queues),
+            time.monotonic() - started,
         )
         follower = (
             asyncio.create_task(self._follow_config(), name="config-follower")

@@ -178,6 +178,12 @@ class Coordinator:
                 await asyncio.sleep(JOIN_LISTEN_STEP)
         finally:
             self._listening = False
+        log.debug(
+            "member %s listened %.3fs (its own heartbeat came back after %.3fs)",
+            self.member,
+            loop.time() - started,
+            self.own_lease.echo_delay,
+        )
         with contextlib.suppress(BrokerError, TimeoutError):
             await self.tick()
         log.info("member %s joined; members %s", self.member, self._members())
