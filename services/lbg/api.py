@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError
@@ -20,11 +20,13 @@ from lbg.client.client import LbgClient
 from lbg.client.coordination import DynamicRole, Role, StaticRole
 from lbg.client.stats import ClientStats
 from lbg.handlers import Handler, Hooks, as_async
-from lbg.metrics import Family
 from lbg.model.group import GroupConfig
 from lbg.publisher import HashedPublisher, PublishStats
 from lbg.retry import join_group
 from lbg.settings import BrokerSettings, ClientSettings
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 
 def default_id(kind: str) -> str:

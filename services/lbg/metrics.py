@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from aiohttp import web
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+    Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -37,47 +37,88 @@ TICK_SECONDS = 0.5
 # /healthz fails when the loop's last tick is older than this (a loop blocked by a handler).
 LIVENESS_SECONDS = 5.0
 
-PUBLISH_SECONDS = Histogram(
-    "lbg_publish_ack_seconds",
-    "Publish to broker acknowledgement, per event.",
-    ["group"],
-    buckets=LATENCY_BUCKETS,
-    registry=None,
+
+class Latency:
+    """A latency histogram that exists only once a daemon serves its metrics (`serve` makes
+    it): until then an observation costs an attribute check, and prometheus_client (with
+    http.server, a sixth of a client's imports) is not imported at all."""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = labelnames
+        self.histogram: Histogram | None = None
+
+    def made(self) -> Histogram:
+        """The prometheus_client histogram, made at the first call."""
+        if self.histogram is None:
+            from prometheus_client import Histogram
+
+            self.histogram = Histogram(
+                self.name, self.doc, self.labelnames, buckets=LATENCY_BUCKETS, registry=None
+            )
+        return self.histogram
+
+    def labels(self, *values: str) -> LatencySeries:
+        """The series of these label values (bind it once where it is observed often)."""
+        return LatencySeries(self, values)
+
+
+class LatencySeries:
+    """One labelled series of a Latency: observations before its histogram exists are not
+    kept (nobody can scrape them)."""
+
+    __slots__ = ("_child", "_latency", "_values")
+
+    def __init__(self, latency: Latency, values: tuple[str, ...]) -> None:
+        self._latency = latency
+        self._values = values
+        self._child: Histogram | None = None
+
+    def observe(self, seconds: float) -> None:
+        child = self._child
+        if child is None:
+            histogram = self._latency.histogram
+            if histogram is None:
+                return
+            child = self._child = histogram.labels(*self._values)
+        child.observe(seconds)
+
+
+PUBLISH_SECONDS = Latency(
+    "lbg_publish_ack_seconds", "Publish to broker acknowledgement, per event.", ("group",)
 )
-HANDLER_SECONDS = Histogram(
-    "lbg_handler_seconds",
-    "Handler run time per message (successful attempts).",
-    ["group", "queue"],
-    buckets=LATENCY_BUCKETS,
-    registry=None,
+HANDLER_SECONDS = Latency(
+    "lbg_handler_seconds", "Handler run time per message (successful attempts).", ("group", "queue")
 )
-HANDOVER_SECONDS = Histogram(
+HANDOVER_SECONDS = Latency(
     "lbg_handover_release_seconds",
     "A planned handover by this client: from the decision to the queue's release.",
-    ["group", "queue"],
-    buckets=LATENCY_BUCKETS,
-    registry=None,
+    ("group", "queue"),
 )
-
-Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
 
 def package_version() -> str:
     """The installed distribution's version (pyproject.toml), so --version never drifts."""
+    import importlib.metadata  # only when asked: with the lookup, a twentieth of a start-up
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
 
-class StatsCollector(Collector):
-    """Turns a daemon's stats into metric families when Prometheus scrapes."""
+class StatsCollector:
+    """Turns a daemon's stats into metric families when Prometheus scrapes (a
+    prometheus_client collector: it only needs `collect`)."""
 
     def __init__(self, read: Callable[[], Iterable[Family]]) -> None:
         self._read = read
 
     def collect(self) -> Iterable[Family]:
         """The daemon's families, and `lbg_build_info` naming the running version."""
+        from prometheus_client.core import InfoMetricFamily
+
         info = InfoMetricFamily("lbg_build", "The running sticky-lbg build.")
         info.add_metric([], {"version": package_version()})
         return [info, *self._read()]
@@ -85,6 +126,8 @@ class StatsCollector(Collector):
 
 def counter(name: str, doc: str, group: str, value: float) -> CounterMetricFamily:
     """A counter of one group (exposed as `<name>_total`)."""
+    from prometheus_client.core import CounterMetricFamily
+
     family = CounterMetricFamily(name, doc, labels=["group"])
     family.add_metric([group], value)
     return family
@@ -92,6 +135,8 @@ def counter(name: str, doc: str, group: str, value: float) -> CounterMetricFamil
 
 def gauge(name: str, doc: str, group: str, value: float) -> GaugeMetricFamily:
     """A gauge of one group."""
+    from prometheus_client.core import GaugeMetricFamily
+
     family = GaugeMetricFamily(name, doc, labels=["group"])
     family.add_metric([group], value)
     return family
@@ -122,6 +167,7 @@ def health_app(
 ) -> web.Application:
     """The routes: /metrics (Prometheus text), /healthz and /readyz (JSON, 200 or 503)."""
     from aiohttp import web  # only where a server runs: its import is a tenth of a start-up
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     async def metrics(_request: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -156,19 +202,20 @@ async def serve(
     address: str,
     read: Callable[[], Iterable[Family]],
     ready: Callable[[], bool],
-    histograms: Iterable[Histogram] = (),
+    latencies: Iterable[Latency] = (),
 ) -> AsyncIterator[None]:
-    """Serve the daemon's metrics (its collector and `histograms` only) and its health on
-    the running loop while the block runs; port 0 means no server."""
+    """Serve the daemon's metrics (its collector and `latencies` only) and its health on
+    the running loop while the block runs; port 0 means no server (and no histograms)."""
     if not port:
         yield
         return
     from aiohttp import web
+    from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatsCollector(read))
-    for histogram in histograms:
-        registry.register(histogram)
+    for latency in latencies:
+        registry.register(latency.made())
     watch = LoopWatch()
     ticker = asyncio.create_task(watch.tick(), name="metrics-loop-watch")
     runner = web.AppRunner(health_app(registry, ready, watch), access_log=None)

@@ -16,15 +16,18 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
 from lbg.broker.base import Broker, PublishError, UndeliverableEvent, why
-from lbg.metrics import PUBLISH_SECONDS, Family, counter, gauge
+from lbg.metrics import PUBLISH_SECONDS, counter, gauge
 from lbg.model.destinations import OutputKind, event_destination, output_destination
 from lbg.model.group import GroupConfig
 from lbg.model.messages import MalformedMessage, check_key, encode_summaries, event_headers
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, OutputMessage
-from lbg.metrics import Family, counter, gauge
+from lbg.metrics import counter, gauge
 from lbg.model.destinations import OutputKind
 from lbg.model.messages import (
     REASON_HEADER,
@@ -29,6 +30,9 @@ from lbg.model.messages import (
 )
 from lbg.model.parking import SKIPPED_HEADER
 from lbg.model.sequence import Observation, Outcome, Report, SequenceChecker
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 log = logging.getLogger(__name__)
 shard_log = logging.getLogger(__name__ + ".shards")

@@ -10,9 +10,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lbg.broker.base import Broker, QueueStatus
-from lbg.metrics import Family, gauge
+from lbg.metrics import gauge
 from lbg.model.autoscale import (
     AutoscalePolicy,
     Decision,
@@ -24,6 +25,9 @@ from lbg.model.autoscale import (
     step,
 )
 from lbg.model.group import GroupConfig
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 log = logging.getLogger(__name__)
 

@@ -49,9 +49,22 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 
 def version_option(prog: str) -> Callable[[T], T]:
-    """`--version`: the command's name and the installed package version."""
-    return click.version_option(
-        package_version(), "-V", "--version", prog_name=prog, message="%(prog)s %(version)s"
+    """`--version`: the command's name and the installed package version (looked up only
+    when asked: the lookup and its imports cost every start a hundredth of a second)."""
+
+    def show(context: click.Context, _parameter: click.Parameter, asked: bool) -> None:
+        if asked and not context.resilient_parsing:
+            click.echo(f"{prog} {package_version()}")
+            context.exit()
+
+    return click.option(
+        "-V",
+        "--version",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=show,
+        help="Show the version and exit.",
     )
 
 

@@ -18,8 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-
-from prometheus_client import Histogram
+from typing import TYPE_CHECKING
 
 from lbg.aio import cancel_and_wait, gather_bounded
 from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding, broker_trouble
@@ -34,7 +33,7 @@ from lbg.client.lanes import KeyLanes
 from lbg.client.parking import REFRESH_SECONDS, HangWatch, KeyParking
 from lbg.client.stats import ClientStats
 from lbg.handlers import AsyncHandler, Context, Hooks
-from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, Family
+from lbg.metrics import HANDLER_SECONDS, HANDOVER_SECONDS, LatencySeries
 from lbg.model.destinations import EventAddress, OutputKind, output_destination
 from lbg.model.group import GroupConfig
 from lbg.model.hashing import HashKeyError
@@ -46,6 +45,9 @@ from lbg.model.messages import (
     read_event,
 )
 from lbg.model.parking import original_headers
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ class LbgClient:
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
         self._misrouted: set[str] = set()
-        self._handler_seconds: dict[int, Histogram] = {}
+        self._handler_seconds: dict[int, LatencySeries] = {}
         self.stats = ClientStats()
         self._parking = KeyParking(broker, group, client_id)
         self._checked: set[int] = set()
@@ -555,7 +557,7 @@ class LbgClient:
         self.stats.fenced += 1
         return False
 
-    def _handler_timer(self, queue: int) -> Histogram:
+    def _handler_timer(self, queue: int) -> LatencySeries:
         """The queue's handler-time histogram, its labels bound once (looking them up for
         every event cost more than the observation)."""
         timer = self._handler_seconds.get(queue)

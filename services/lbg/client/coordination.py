@@ -14,14 +14,17 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import BindingSteering
-from lbg.metrics import Family, gauge
+from lbg.metrics import gauge
 from lbg.model.assignment import is_primary
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from lbg.metrics import Family, counter, gauge
+from lbg.metrics import counter, gauge
+
+if TYPE_CHECKING:
+    from lbg.metrics import Family
 
 
 @dataclass
