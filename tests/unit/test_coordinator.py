@@ -13,6 +13,7 @@ from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client import coordinator as coordinator_module
+from lbg.client.cadence import until_next
 from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
 from lbg.client.steering import BindingSteering
 from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync
@@ -397,3 +398,72 @@ def test_a_heartbeat_refused_as_a_member_joins_is_sent_again_at_the_next_round()
         return calls
 
     assert asyncio.run(rounds()) == ["refused", "refused", "sent"]
+
+
+class RegisteringStandby:
+    """A standby that waits for its queue only once its registration at the broker is done,
+    after the round that preferred it (RabbitMQ's consumer in the queue's line)."""
+
+    queue = 0
+    active = False
+    pin = None
+    steady_waiting = False
+
+    def __init__(self) -> None:
+        self.preferred = False
+        self.registered = False
+
+    @property
+    def waiting(self) -> bool:
+        return self.preferred and self.registered
+
+    def set_preferred(self, preferred: bool) -> None:
+        self.preferred = preferred
+
+    def step_out(self) -> None:
+        return None
+
+    async def pinned_by(self, *, fresh: bool = False) -> str | None:
+        return None
+
+
+def test_a_standby_that_starts_to_wait_after_its_round_says_so_soon_not_a_round_later() -> (
+    None
+):
+    """An owner hands a queue over once the new owner's heartbeat says it stands ready: a
+    joiner whose standby registered after its round waited an interval for the next one."""
+    interval = 0.4
+    heard: list[tuple[float, frozenset[int]]] = []
+
+    def hear(body: bytes) -> None:
+        with contextlib.suppress(MalformedMessage):
+            if decode_control(body) is None and (hb := Heartbeat.decode(body)).member == "me":
+                heard.append((time.monotonic(), hb.wants))
+
+    async def rounds() -> float:
+        reset_memory_brokers()
+        admin = await connect_broker(BrokerSettings(url=URL), "admin")
+        await admin.create_group("g", CONFIG)
+        await admin.subscribe_control("g", hear)
+        broker = await connect_broker(BrokerSettings(url=URL), "me")
+        standby = RegisteringStandby()
+        steering = BindingSteering({0: standby}, lambda q: None)  # type: ignore[dict-item]
+        coordinator = Coordinator(
+            broker, "g", "me", steering, interval=interval, lease=3.0, queue_count=1
+        )
+        await coordinator.join()
+        stop = asyncio.Event()
+        beating = asyncio.create_task(coordinator.run(stop))
+        await asyncio.sleep(until_next(interval) + 0.02)  # just after a regular round
+        assert standby.preferred and not heard[-1][1], "preferred, not standing yet"
+        standby.registered = True
+        registered = time.monotonic()
+        coordinator.stands_ready(0)
+        while not heard[-1][1] and time.monotonic() - registered < 2 * interval:
+            await asyncio.sleep(0.005)
+        stop.set()
+        await beating
+        return heard[-1][0] - registered
+
+    said_after = asyncio.run(rounds())
+    assert said_after < interval / 2, f"stood ready {said_after:.3f}s before saying so"

@@ -133,6 +133,8 @@ class Resize:
 
 
 StateListener = Callable[[int, bool], None]
+# Told the queue whose binding started to wait for it (see QueueBinding.tell_when_waiting).
+WaitListener = Callable[[int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +246,13 @@ class QueueBinding(abc.ABC):
         """Someone else holds the queue and another member stands next in its line: a standby
         not preferred leaves the line now (where the broker gives a queue to whoever waits
         first). By default nothing: a standby that is not preferred does not wait."""
+        return None
+
+    def tell_when_waiting(self, listener: WaitListener) -> None:
+        """Call `listener(queue)` whenever this binding starts to wait after a round trip to
+        the broker (a registration in the queue's line), so its coordinator says at once that
+        it stands ready. By default never: a binding that waits as soon as it is preferred is
+        found waiting by the coordinator's own round."""
         return None
 
     def set_coordinated(self) -> None:

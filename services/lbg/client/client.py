@@ -212,6 +212,7 @@ class LbgClient:
             preferred=self._coordinator.prefers(queue),
             on_change=self._on_change,
         )
+        self._bindings[queue].tell_when_waiting(self._coordinator.stands_ready)
         if self._coordinator.coordinates():
             self._bindings[queue].set_coordinated()
         self._workers.append(

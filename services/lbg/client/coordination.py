@@ -95,6 +95,10 @@ class GroupCoordinator(Protocol):
         """The queue's binding became active or stopped being so."""
         ...
 
+    def stands_ready(self, queue: int) -> None:
+        """The queue's binding started to wait for it (QueueBinding.tell_when_waiting)."""
+        ...
+
     async def serve(self, stop: asyncio.Event) -> None:
         """Steer the bindings until `stop` is set, then start handing the queues over."""
         ...
@@ -135,6 +139,9 @@ class StaticCoordinator:
 
     def changed(self, queue: int) -> None:
         return None
+
+    def stands_ready(self, queue: int) -> None:
+        return None  # a secondary takes a released queue by looking; nobody is told
 
     async def serve(self, stop: asyncio.Event) -> None:
         seat = self._seat
@@ -205,6 +212,9 @@ class DynamicCoordinator:
 
     def changed(self, queue: int) -> None:
         self._steering.changed(queue)
+
+    def stands_ready(self, queue: int) -> None:
+        self.membership.stands_ready(queue)
 
     async def serve(self, stop: asyncio.Event) -> None:
         membership, role = self.membership, self._role

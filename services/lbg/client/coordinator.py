@@ -69,6 +69,14 @@ EXPIRY_SLACK = 0.005
 # round is still in the view but silent. (Handed to such a member, a queue waited until the
 # crash was found out, 0.7-0.8 s, on brokers that move a crashed member's queues themselves.)
 HEARD_THIS_ROUND_SLACK = 1 / 3
+# A binding that starts to wait only after a broker round trip (RabbitMQ's registration in a
+# queue's line) is announced by an extra round this many intervals after the last round at
+# most (and a few ms after it started to wait at least, so bindings that start together are
+# announced together): an owner hands a queue over only to a member whose heartbeat says it
+# stands ready, and a joiner's next regular round came an interval, 0.15 s, after its
+# bindings stood ready.
+STANDING_ROUND_SPACING = 1 / 4
+STANDING_ROUND_DELAY = 0.005
 # Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
 # logged at most this often, with the worst lateness since: it is what fences a live member.
 LATE_LOG_SECONDS = 10.0
@@ -123,6 +131,7 @@ class Coordinator:
         self._last_gossip = -float("inf")
         self._gossip_soon = False
         self._wake = asyncio.Event()
+        self._standing_round: asyncio.TimerHandle | None = None
         self._sent_digest: int | None = None
         no_queues: dict[int, str] = {}
         self._beat_of = (None, no_queues, frozenset(), queues_digest(no_queues, frozenset()))
@@ -253,7 +262,19 @@ class Coordinator:
                 exc,
             )
 
+    def stands_ready(self, _queue: int) -> None:
+        """A binding started to wait for its queue after a registration at the broker: say
+        so in a round soon (STANDING_ROUND_SPACING), not at the next regular one, so the
+        queue's owner may hand it over now."""
+        if self._standing_round is not None or self._listening:
+            return
+        spaced = self._round_at + STANDING_ROUND_SPACING * self.interval - self._clock()
+        self._standing_round = asyncio.get_running_loop().call_later(
+            max(STANDING_ROUND_DELAY, spaced), self._wake.set
+        )
+
     async def close(self) -> None:
+        self._cancel_standing_round()
         self._probes.close()
         with contextlib.suppress(BrokerError, TimeoutError):  # told at leave already
             await self._beat()
@@ -290,6 +311,7 @@ class Coordinator:
         Expiry and eviction wait while this member's own view is stale (its heartbeats have
         not come back lately): silence it has not heard through is no proof of anyone's death.
         """
+        self._cancel_standing_round()  # this round says what stands ready now
         if not self.lease_ok():
             self._lapse("own heartbeats lapsed (this member was stalled or cut off)")
         else:
@@ -312,6 +334,11 @@ class Coordinator:
         await self._ask_syncs()
         if current:
             await self._evict_gone_owners(held)
+
+    def _cancel_standing_round(self) -> None:
+        if self._standing_round is not None:
+            self._standing_round.cancel()
+            self._standing_round = None
 
     def _forget(self, heartbeat: Heartbeat, why: str) -> None:
         """A member is gone: its queues go to the others, its pins are evicted."""

@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from lbg.broker.ackfloor import FloorAcks
-from lbg.broker.base import UNTIL_WOKEN, Delivery, LoopBinding, StateListener, why
+from lbg.broker.base import (
+    UNTIL_WOKEN,
+    Delivery,
+    LoopBinding,
+    StateListener,
+    WaitListener,
+    why,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +143,7 @@ class RabbitQueueBinding(LoopBinding):
             queue, delivery_tag, ack_up_to, ack_one
         )
         self._stints = 0
+        self._on_waiting: WaitListener | None = None
         self._coordinated = False
         self._next_look = 0.0
         self._start(f"consume-{queue_name}")
@@ -161,6 +169,9 @@ class RabbitQueueBinding(LoopBinding):
         if stint is not None and not self._preferred and not self._active:
             stint.leaving = True
             self._wake.set()
+
+    def tell_when_waiting(self, listener: WaitListener) -> None:
+        self._on_waiting = listener
 
     def set_coordinated(self) -> None:
         self._coordinated = True
@@ -335,6 +346,8 @@ class RabbitQueueBinding(LoopBinding):
                 self._buffer.put_nowait(delivery)
 
         await queue.consume(on_message, consumer_tag=stint.tag)
+        if self.waiting and self._on_waiting is not None:
+            self._on_waiting(self.queue)
 
     def _wake_on_close(self, *_: object) -> None:
         """A stint's channel closed (by the broker, a lost connection or this binding): the
