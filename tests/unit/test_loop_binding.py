@@ -1,9 +1,10 @@
-"""The shape every loop-driven binding shares (broker/base.py LoopBinding): a failed round does
+"""The shape every loop-driven binding shares (broker/bindings.py LoopBinding): a failed round does
 not end the loop, release stands back then resumes, close gives the queue up once."""
 
 import asyncio
 
-from lbg.broker.base import Delivery, LoopBinding
+from lbg.broker.base import Delivery
+from lbg.broker.bindings import LoopBinding
 
 
 class Recording(LoopBinding):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from lbg.broker.base import Delivery, EpochBinding, StateListener
+from lbg.broker.base import Delivery, StateListener
+from lbg.broker.bindings import EpochBinding
 from lbg.broker.memory.store import Connection, QueueState
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,8 @@ from collections.abc import Callable
 import asyncpg
 import orjson
 
-from lbg.broker.base import BrokerError, Delivery, LoopBinding, StateListener, why
+from lbg.broker.base import BrokerError, Delivery, StateListener, why
+from lbg.broker.bindings import LoopBinding
 from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.locks import LOST, Hold
 from lbg.broker.messagedb.positions import Positions

@@ -27,7 +27,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from lbg.broker.ackfloor import FloorAcks
-from lbg.broker.base import Delivery, LoopBinding, StateListener
+from lbg.broker.base import Delivery, StateListener
+from lbg.broker.bindings import LoopBinding
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
 from lbg.broker.nats.generations import is_end

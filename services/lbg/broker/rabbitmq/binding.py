@@ -43,14 +43,8 @@ from dataclasses import dataclass, field
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from lbg.broker.ackfloor import FloorAcks
-from lbg.broker.base import (
-    UNTIL_WOKEN,
-    Delivery,
-    LoopBinding,
-    StateListener,
-    WaitListener,
-    why,
-)
+from lbg.broker.base import Delivery, StateListener, WaitListener, why
+from lbg.broker.bindings import UNTIL_WOKEN, LoopBinding
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lbg.aio import cancel_and_wait
-from lbg.broker.base import BrokerError, Delivery, EpochBinding, StateListener, why
+from lbg.broker.base import BrokerError, Delivery, StateListener, why
+from lbg.broker.bindings import EpochBinding
 
 log = logging.getLogger(__name__)
 
