@@ -367,7 +367,7 @@ def test_rounds_that_run_late_are_logged_with_what_the_lease_tolerates(caplog) -
         stop.set()
         await beating
 
-    with caplog.at_level(logging.WARNING, logger="lbg.client.coordinator"):
+    with caplog.at_level(logging.WARNING, logger="lbg.client.cadence"):
         asyncio.run(rounds())
     late = [r.getMessage() for r in caplog.records if "round ran" in r.getMessage()]
     assert len(late) == 1, late
@@ -427,9 +427,7 @@ class RegisteringStandby:
         return None
 
 
-def test_a_standby_that_starts_to_wait_after_its_round_says_so_soon_not_a_round_later() -> (
-    None
-):
+def test_a_standby_that_starts_to_wait_after_its_round_says_so_soon_not_a_round_later() -> None:
     """An owner hands a queue over once the new owner's heartbeat says it stands ready: a
     joiner whose standby registered after its round waited an interval for the next one."""
     interval = 0.4

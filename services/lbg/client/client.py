@@ -101,6 +101,8 @@ class LbgClient:
         self._hooks = hooks or Hooks()
         self._announced: set[int] = set()
         self._misrouted: set[str] = set()
+        # Each queue's handler-time series, its labels bound once (looking them up for every
+        # event cost more than the observation).
         self._handler_seconds: dict[int, LatencySeries] = {}
         self.stats = ClientStats()
         self._parking = KeyParking(broker, group, client_id)
@@ -213,6 +215,7 @@ class LbgClient:
             on_change=self._on_change,
         )
         self._bindings[queue].tell_when_waiting(self._coordinator.stands_ready)
+        self._handler_seconds[queue] = HANDLER_SECONDS.labels(self._group, str(queue))
         if self._coordinator.coordinates():
             self._bindings[queue].set_coordinated()
         self._workers.append(
@@ -465,7 +468,7 @@ class LbgClient:
             watched = self._hangs.watch(event.key, self._park_after_stalls, started)
             try:
                 await self._handler(event, context)
-                self._handler_timer(context.queue).observe(time.monotonic() - started)
+                self._handler_seconds[context.queue].observe(time.monotonic() - started)
                 return None
             except asyncio.CancelledError:
                 hung = self._hangs.hung()
@@ -557,14 +560,6 @@ class LbgClient:
             return True
         self.stats.fenced += 1
         return False
-
-    def _handler_timer(self, queue: int) -> LatencySeries:
-        """The queue's handler-time histogram, its labels bound once (looking them up for
-        every event cost more than the observation)."""
-        timer = self._handler_seconds.get(queue)
-        if timer is None:
-            timer = self._handler_seconds[queue] = HANDLER_SECONDS.labels(self._group, str(queue))
-        return timer
 
     def _give_back(self, binding: QueueBinding, delivery: Delivery, reason: str) -> None:
         """A delivery that is not processed (or not acked) now: if the queue is still ours,

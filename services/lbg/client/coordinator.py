@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from lbg.aio import cancel_requested
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.cadence import until_next, wait_until
+from lbg.client.cadence import ExtraRound, LateRounds, until_next, wait_until
 from lbg.client.membership import MembershipView
 from lbg.client.presence import PresenceProbes
 from lbg.client.steering import Holding, Steering
@@ -70,16 +70,12 @@ EXPIRY_SLACK = 0.005
 # crash was found out, 0.7-0.8 s, on brokers that move a crashed member's queues themselves.)
 HEARD_THIS_ROUND_SLACK = 1 / 3
 # A binding that starts to wait only after a broker round trip (RabbitMQ's registration in a
-# queue's line) is announced by an extra round this many intervals after the last round at
-# most (and a few ms after it started to wait at least, so bindings that start together are
-# announced together): an owner hands a queue over only to a member whose heartbeat says it
-# stands ready, and a joiner's next regular round came an interval, 0.15 s, after its
-# bindings stood ready.
+# queue's line) is said to stand ready in an extra round this many intervals after the last
+# at most, a few ms after it started to wait at least (those that start together are said
+# together): an owner hands a queue over only to a member whose heartbeat says it stands
+# ready, and a joiner's next regular round came an interval, 0.15 s, after that.
 STANDING_ROUND_SPACING = 1 / 4
 STANDING_ROUND_DELAY = 0.005
-# Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
-# logged at most this often, with the worst lateness since: it is what fences a live member.
-LATE_LOG_SECONDS = 10.0
 
 
 class Coordinator:
@@ -131,7 +127,7 @@ class Coordinator:
         self._last_gossip = -float("inf")
         self._gossip_soon = False
         self._wake = asyncio.Event()
-        self._standing_round: asyncio.TimerHandle | None = None
+        self._standing_round = ExtraRound(self._wake)
         self._sent_digest: int | None = None
         no_queues: dict[int, str] = {}
         self._beat_of = (None, no_queues, frozenset(), queues_digest(no_queues, frozenset()))
@@ -141,8 +137,7 @@ class Coordinator:
         # again (most heartbeats) only renews its lease, unparsed.
         self._heard: dict[bytes, Heartbeat] = {}
         self._heard_from: dict[str, bytes] = {}
-        self.worst_late = 0.0
-        self._late_told = -float("inf")
+        self.late_rounds = LateRounds(member, interval, lease - margin, clock)
         self._round_at = -float("inf")  # when this member's latest round began
         # Members a handover waits to hear from this round (then it goes ahead at once).
         self._handover_waits_for: set[str] = set()
@@ -206,7 +201,7 @@ class Coordinator:
             self._wake.clear()
             if stop.is_set():
                 return
-            self._note_lateness(self._clock() - due)
+            self.late_rounds.note(self._clock() - due)
             try:
                 await self.tick()
             except (BrokerError, TimeoutError):
@@ -215,22 +210,6 @@ class Coordinator:
                 if cancel_requested():
                     raise
                 log.warning("member %s: a broker call was cancelled under it", self.member)
-
-    def _note_lateness(self, late: float) -> None:
-        """Warn when rounds run an interval or more late: heartbeats then go out late too,
-        and a process blocked for most of a lease fences itself (or is evicted) while alive."""
-        self.worst_late = max(self.worst_late, late)
-        now = self._clock()
-        if self.worst_late < self.interval or now - self._late_told < LATE_LOG_SECONDS:
-            return
-        log.warning(
-            "member %s: a heartbeat round ran %.2fs late (the process was blocked or starved"
-            " of CPU); the lease tolerates %.2fs without a heartbeat",
-            self.member,
-            self.worst_late,
-            self.own_lease.terms.lease - self.own_lease.terms.margin,
-        )
-        self.worst_late, self._late_told = 0.0, now
 
     def next_round_in(self) -> float:
         """Seconds until the next round: the next multiple of the interval (cadence.py), or
@@ -264,17 +243,13 @@ class Coordinator:
 
     def stands_ready(self, _queue: int) -> None:
         """A binding started to wait for its queue after a registration at the broker: say
-        so in a round soon (STANDING_ROUND_SPACING), not at the next regular one, so the
-        queue's owner may hand it over now."""
-        if self._standing_round is not None or self._listening:
-            return
-        spaced = self._round_at + STANDING_ROUND_SPACING * self.interval - self._clock()
-        self._standing_round = asyncio.get_running_loop().call_later(
-            max(STANDING_ROUND_DELAY, spaced), self._wake.set
-        )
+        so in a round soon (STANDING_ROUND_SPACING), so the queue's owner may hand it over."""
+        if not self._listening:
+            spaced = self._round_at + STANDING_ROUND_SPACING * self.interval - self._clock()
+            self._standing_round.ask(max(STANDING_ROUND_DELAY, spaced))
 
     async def close(self) -> None:
-        self._cancel_standing_round()
+        self._standing_round.cancel()
         self._probes.close()
         with contextlib.suppress(BrokerError, TimeoutError):  # told at leave already
             await self._beat()
@@ -311,7 +286,7 @@ class Coordinator:
         Expiry and eviction wait while this member's own view is stale (its heartbeats have
         not come back lately): silence it has not heard through is no proof of anyone's death.
         """
-        self._cancel_standing_round()  # this round says what stands ready now
+        self._standing_round.cancel()  # this round says what stands ready now
         if not self.lease_ok():
             self._lapse("own heartbeats lapsed (this member was stalled or cut off)")
         else:
@@ -334,11 +309,6 @@ class Coordinator:
         await self._ask_syncs()
         if current:
             await self._evict_gone_owners(held)
-
-    def _cancel_standing_round(self) -> None:
-        if self._standing_round is not None:
-            self._standing_round.cancel()
-            self._standing_round = None
 
     def _forget(self, heartbeat: Heartbeat, why: str) -> None:
         """A member is gone: its queues go to the others, its pins are evicted."""
