@@ -355,9 +355,12 @@ class NatsBroker(Broker):
             reason = why(exc)
             raise BrokerError(f"group '{name}': cannot read its config ({reason})") from None
         try:
-            return GroupConfig.from_json(entry.value or b"")
+            config = GroupConfig.from_json(entry.value or b"")
         except GroupConfigError as exc:
             raise BrokerError(f"group '{name}': stored config is invalid: {exc}") from None
+        if (feed := self._histories.get(name)) is not None:
+            feed.heard(config.generation)  # its queues' stints follow a resize from here
+        return config
 
     async def list_groups(self) -> dict[str, GroupConfig]:
         groups = {}
