@@ -538,11 +538,8 @@ class Coordinator:
         every LOOKUP_LEASES (an unknown pin that appears on a queue this member waits for
         meanwhile waits that much longer, while the broker's own timeout runs too).
         """
-        live = self.view.pins()
         stalled_owners = [
-            hb
-            for member in {*live.values()}
-            if (hb := self.view.heartbeat_of(member)) and hb.state is MemberState.STALLED
+            hb for hb in self.view.heartbeats() if hb.owns and hb.state is MemberState.STALLED
         ]
         stalled = {pin for hb in stalled_owners for pin in hb.owns.values()}
         suspects = {
@@ -567,6 +564,7 @@ class Coordinator:
         self._lookups_due = min(looked, default=float("inf")) + LOOKUP_LEASES * self.lease
         if not due and not self._unknown:
             return
+        live = self.view.pins()
         pins = await asyncio.gather(
             *(self._steering.pinned_by(queue, fresh=queue in suspects) for queue in due)
         )
