@@ -7,6 +7,11 @@ times, one more client joins (process start to its 'joined' line) and the oldest
 (until a peer logs it gone, which is when its queues are evicted and move: with no events
 flowing nothing is pinned, so "served" cannot be observed). The cost should follow the
 events, not the queue count (issue 25).
+
+Then, unless --no-raw, the floor on the same broker: as many members written on the broker's
+own client (raw_beats.py), exchanging heartbeats of the same size at the same interval and
+nothing else, measured the same way; the ratio of the clients' CPU to the floor's is what
+lbg's design adds to what any member of such a group costs on that client library.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +35,7 @@ import orjson
 import uvloop
 
 from lbg.broker.base import Broker, BrokerError
+from lbg.client.coordination import DynamicRole
 from lbg.devstack.deployment import Daemon, LocalDeployment
 from lbg.model.group import GroupConfig
 from measure import (
@@ -41,10 +48,14 @@ from measure import (
     table,
     tree_cpu_seconds,
 )
+from raw_beats import READY
 
 JOINED = "member {} joined"
 GONE = "member {} is gone"
 SETTLE_TIMEOUT = 120.0
+# After every member joined (or a raw member is ready), before the quiet window.
+SETTLE_SECONDS = 3.0
+RAW_BEATS = Path(__file__).with_name("raw_beats.py")
 # After a join or a kill, before the next: the queues that move have moved.
 BETWEEN_SAMPLES_SECONDS = 3.0
 
@@ -135,22 +146,17 @@ async def measure_size(
         names = [c.name for c in clients]
         joined = lambda: logged(deployment, names, JOINED)  # noqa: E731
         await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
-        await asyncio.sleep(3.0)
-        before = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
-        broker_before = tree_cpu_seconds(run.pid) if run.pid else None
+        await asyncio.sleep(SETTLE_SECONDS)
         bytes_before, started = control_bytes, time.monotonic()
-        await asyncio.sleep(window)
-        elapsed = time.monotonic() - started
-        after = [cpu_seconds(c.process.pid) or 0.0 for c in clients]
-        broker_after = tree_cpu_seconds(run.pid) if run.pid else None
+        clients_cpu, broker_cpu = await quiet_cpu(run, clients, window)
         result: dict[str, Any] = {
             "queues": size.queues,
             "clients": size.clients,
-            "clients_cpu_pct": round(100 * (sum(after) - sum(before)) / elapsed, 1),
-            "broker_cpu_pct": None
-            if broker_before is None or broker_after is None
-            else round(100 * (broker_after - broker_before) / elapsed, 1),
-            "control_bytes_per_s": round((control_bytes - bytes_before) / elapsed),
+            "clients_cpu_pct": clients_cpu,
+            "broker_cpu_pct": broker_cpu,
+            "control_bytes_per_s": round(
+                (control_bytes - bytes_before) / (time.monotonic() - started)
+            ),
             "load_1min": round(os.getloadavg()[0], 1),
         }
         result["join_s"], result["crash_s"] = [], []
@@ -189,21 +195,76 @@ async def measure_size(
             await broker.delete_group(name)
 
 
+async def quiet_cpu(
+    run: BrokerRun, daemons: list[Daemon], window: float
+) -> tuple[float, float | None]:
+    """The daemons' CPU together and the broker's over the next `window` s, % of a core."""
+    before = [cpu_seconds(d.process.pid) or 0.0 for d in daemons]
+    broker_before = tree_cpu_seconds(run.pid) if run.pid else None
+    started = time.monotonic()
+    await asyncio.sleep(window)
+    elapsed = time.monotonic() - started
+    after = [cpu_seconds(d.process.pid) or 0.0 for d in daemons]
+    broker_after = tree_cpu_seconds(run.pid) if run.pid else None
+    broker = (
+        None
+        if broker_before is None or broker_after is None
+        else round(100 * (broker_after - broker_before) / elapsed, 1)
+    )
+    return round(100 * (sum(after) - sum(before)) / elapsed, 1), broker
+
+
+async def measure_raw(run: BrokerRun, size: Size, window: float, interval: float) -> dict:
+    """The floor at this size: as many raw_beats.py members, heartbeats only, on the broker's
+    own client, measured like the lbg clients (after them, on the same broker)."""
+    name = f"raw{uuid.uuid4().hex[:6]}"
+    deployment = run.deployment(name)
+    command = [sys.executable, str(RAW_BEATS), "--broker-url", run.endpoint.url, "--name", name]
+    try:
+        members = [
+            deployment.spawn(f"r{n}", [*command, "--interval", str(interval)])
+            for n in range(size.clients)
+        ]
+        ready = lambda: logged(deployment, [m.name for m in members], READY)  # noqa: E731
+        await wait_until(ready, SETTLE_TIMEOUT, f"{size.label}: every raw member ready", members)
+        await asyncio.sleep(SETTLE_SECONDS)
+        clients_cpu, broker_cpu = await quiet_cpu(run, members, window)
+    finally:
+        await asyncio.to_thread(deployment.stop_all)
+    return {"raw_clients_cpu_pct": clients_cpu, "raw_broker_cpu_pct": broker_cpu}
+
+
+def heartbeat_interval(member_config: str | None) -> float:
+    """The members' heartbeat interval: the member config's, else lbg's default."""
+    default = DynamicRole().heartbeat_interval
+    if member_config is None:
+        return default
+    with open(member_config, "rb") as file:
+        return float(tomllib.load(file).get("client", {}).get("heartbeat_interval", default))
+
+
 async def scenario(
     run: BrokerRun,
     sizes: list[Size],
     window: float,
     samples: int,
     member_args: tuple[str, ...] = (),
+    raw_interval: float | None = None,
 ) -> dict[str, Any]:
-    """Every size on one broker."""
+    """Every size on one broker; with `raw_interval`, each size's raw floor too."""
     broker = await run.connect("bench-idle")
     try:
         rows: list[dict[str, Any]] = []
         for size in sizes:
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
             try:
-                rows.append(await measure_size(run, broker, size, window, samples, member_args))
+                row = await measure_size(run, broker, size, window, samples, member_args)
+                if raw_interval is not None:
+                    row.update(await measure_raw(run, size, window, raw_interval))
+                    row["clients_vs_raw"] = ratio(
+                        row["clients_cpu_pct"], row["raw_clients_cpu_pct"]
+                    )
+                rows.append(row)
             except (BenchError, BrokerError) as exc:  # the other sizes still count
                 print(f"[{run.kind}] {size.label} failed: {exc}", file=sys.stderr)
                 rows.append({"error": str(exc)})
@@ -219,6 +280,9 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
     figures = (
         ("clients_cpu_pct", "clients' CPU, % of a core"),
         ("broker_cpu_pct", "broker CPU, % of a core"),
+        ("raw_clients_cpu_pct", "raw floor (raw_beats.py): clients' CPU, %"),
+        ("clients_vs_raw", "clients' CPU / raw floor's"),
+        ("raw_broker_cpu_pct", "raw floor: broker CPU, % of a core"),
         ("control_bytes_per_s", "control channel, bytes/s"),
         ("join_s", "join: start -> joined, s, p50 / max"),
         ("crash_s", "kill -9 -> seen gone, s, p50 / max"),
@@ -237,6 +301,11 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
         lines += ["", *table(label_width, kinds, [""], rows, width=14, heading=title)]
     lines += [f"[{k}] {v['error']}" for k, v in results.items() if "error" in v]
     return lines
+
+
+def ratio(ours: float, raw: float) -> float | None:
+    """Our figure over the floor's, None when the floor measured nothing."""
+    return round(ours / raw, 2) if raw > 0 else None
 
 
 def cell(value: Any) -> str:
@@ -261,6 +330,9 @@ def cell(value: Any) -> str:
     "heartbeat_interval, lease and lease_margin values, to weigh their idle cost against "
     "the defaults' [default: the built-in defaults].",
 )
+@click.option("--raw/--no-raw", default=True, show_default=True,
+              help="After each size, measure its floor: as many members exchanging the same "
+              "heartbeats on the broker's own client (raw_beats.py), no lbg code.")  # fmt: skip
 @broker_options
 def main(
     sizes: list[Size],
@@ -268,6 +340,7 @@ def main(
     samples: int,
     as_json: bool,
     member_config: str | None,
+    raw: bool,
     brokers: tuple[str, ...],
     broker_url: str | None,
     admin_url: str | None,
@@ -275,6 +348,7 @@ def main(
     """Idle cost of a group by queue count, on each broker, in one run."""
     kinds = chosen_brokers(brokers, broker_url, admin_url)
     member_args = ("--config", str(Path(member_config).resolve())) if member_config else ()
+    raw_interval = heartbeat_interval(member_config) if raw else None
     with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
         results = uvloop.run(
             run_per_broker(
@@ -282,7 +356,7 @@ def main(
                 broker_url,
                 admin_url,
                 Path(folder),
-                lambda run: scenario(run, sizes, window, samples, member_args),
+                lambda run: scenario(run, sizes, window, samples, member_args, raw_interval),
                 lambda line: print(line, file=sys.stderr),
             )
         )
