@@ -17,6 +17,7 @@ from lbg.broker.messagedb import naming
 from lbg.broker.messagedb.adapter import CLIENT_CONNECTIONS
 from lbg.broker.messagedb.binding import FREED_FALLBACK_SECONDS
 from lbg.broker.messagedb.locks import MemberLocks
+from lbg.broker.messagedb.shared import HOLDERS_SQL
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -375,3 +376,47 @@ def test_a_release_wakes_the_other_clients_waiting_for_that_member_lock_only(url
             await waiter.close()
 
     asyncio.run(main())
+
+
+def test_coordinated_standbys_not_preferred_look_at_their_locks_once_for_the_client(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One read of who holds what per look for all of a client's coordinated standbys that
+    are not preferred (each looked by itself: 7.5 reads of pg_locks a second per client at
+    QC 256 x 8), which still sees a member its holder's session freed without a release."""
+    look = 1.6
+    monkeypatch.setattr("lbg.broker.messagedb.shared.COORDINATED_LOOK_SECONDS", look)
+    holder_reads = 0
+    fetch = asyncpg.pool.Pool.fetch
+
+    async def counted_fetch(pool: asyncpg.Pool, query: str, *args: object) -> list:
+        nonlocal holder_reads
+        holder_reads += query == HOLDERS_SQL
+        return await fetch(pool, query, *args)
+
+    monkeypatch.setattr(asyncpg.pool.Pool, "fetch", counted_fetch)
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        async with _two_brokers(url) as (first, second):
+            queues = range(config.queue_count)
+            held = [await first.bind(group, config, q, "client-a") for q in queues]
+            await _until(lambda: all(b.active for b in held))
+            standbys = []
+            for queue in queues:  # demoted at different times, as in a running group
+                standbys.append(await second.bind(group, config, queue, "b", preferred=False))
+                standbys[-1].set_coordinated()
+                await asyncio.sleep(look / config.queue_count)
+            await asyncio.sleep(look)
+            before = holder_reads
+            await asyncio.sleep(3 * look)
+            assert holder_reads - before <= 5, f"{holder_reads - before} reads in 3 looks"
+            assert not any(standby.active for standby in standbys)
+            pin = int(held[0].pin or 0)
+            for binding in held:  # the holder crashes: its session ends, nothing is released
+                binding.set_preferred(False)
+            await _sql(url, "SELECT pg_terminate_backend($1)", pin)
+            for binding in held:
+                await binding.close()
+            await _until(lambda: all(standby.active for standby in standbys), 4 * look + 2)
+
+    _run(url, scenario, GroupConfig("PREFIX", 32, 16))

@@ -42,7 +42,7 @@ from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
-from lbg.broker.messagedb.shared import Shared
+from lbg.broker.messagedb.shared import HeadReader, Shared
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import check_key, event_digest
@@ -76,10 +76,11 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 
 
 # A client's connections whatever its queue count: the pool, the readers' pool, the lock
-# connection, heartbeats out and in.
+# connection, heartbeats out and in, the reader of the category's head (shared.py; it was a
+# fourth reader in the pool, so a group still needs as many connections as before).
 POOL_SIZE = 4
-READERS_SIZE = 4
-CLIENT_CONNECTIONS = POOL_SIZE + READERS_SIZE + 3
+READERS_SIZE = 3
+CLIENT_CONNECTIONS = POOL_SIZE + READERS_SIZE + 4
 # What a refused connection means here.
 TOO_MANY_CONNECTIONS = (
     "PostgreSQL's max_connections is reached: every lbg-client holds up to"
@@ -447,8 +448,8 @@ class MessageDbBroker(Broker):
             self._shared[client_id, group] = Shared(
                 self._locks[client_id],
                 self._readers,
+                HeadReader(lambda: self._connect(f"{client_id}/head"), category),
                 group,
-                category,
                 naming.lock_keys(config.hash_prefix, 0)[0],
                 POLL_SECONDS,
             )

@@ -27,7 +27,8 @@ Steering: a preferred binding tries the lock when it may succeed: when the holde
 wakes it (locks.py), when the client's one watcher of the group's holders sees the member free
 (a crashed holder's session freed it without a release), and every FREED_FALLBACK_SECONDS
 anyway; the others try only after seeing it free on two slower checks in a row, so a released
-member goes to its primary.
+member goes to its primary (a coordinated one checks only once the client's one look for all
+of them, every COORDINATED_LOOK_SECONDS, sees it free, or a resize wakes it).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import asyncpg
 import orjson
 
 from lbg.broker.base import BrokerError, Delivery, StateListener, why
-from lbg.broker.bindings import LoopBinding
+from lbg.broker.bindings import UNTIL_WOKEN, LoopBinding
 from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.locks import LOST, Hold
 from lbg.broker.messagedb.positions import Positions
@@ -58,9 +59,6 @@ FLUSH_SECONDS = 0.2
 STANDBY_CHECKS = 2
 STANDBY_FACTOR = 3
 CLOSE_SECONDS = 5.0
-# A coordinated standby that is not preferred looks at its member's lock this seldom: its
-# coordinator makes another member preferred when one goes (as on RabbitMQ).
-COORDINATED_LOOK_SECONDS = 30.0
 # A preferred standby tries its lock this often when nothing wakes it sooner (a missed wake-up).
 FREED_FALLBACK_SECONDS = 2.0
 # A holder with nothing to read or record looks again this often if nothing wakes it sooner.
@@ -327,9 +325,12 @@ class MessageDbBinding(LoopBinding):
         if not self._preferred:
             if await self._shared_holder() is not None:
                 self._free_seen = 0
-                return (
-                    COORDINATED_LOOK_SECONDS if self._coordinated else self._poll * STANDBY_FACTOR
-                )
+                if not self._coordinated:
+                    return self._poll * STANDBY_FACTOR
+                # Woken by the client's one look for all of them, or by a resize.
+                self._shared.wake_when_free_later(self._keys()[1], self._wake)
+                self._shared.wake_on_resize(self._generations, self._wake)
+                return UNTIL_WOKEN
             self._free_seen += 1
             if self._free_seen < STANDBY_CHECKS:
                 return self._poll * STANDBY_FACTOR
