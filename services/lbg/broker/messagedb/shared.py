@@ -76,7 +76,9 @@ class Fresh(Generic[T]):
 class Watch(Generic[T]):
     """Wakes each waiter once a shared read shows what it waits for (or fails: each waiter
     then meets the failure in its own read): one read every period while anyone waits,
-    started after they asked, however many wait."""
+    started after they asked, however many wait. A read equal to the last one, with nobody
+    new waiting, wakes nobody and is not put to each waiter: the idle case, where asking
+    every holder's condition ten times a second was a third of a client's CPU at QC 1024."""
 
     def __init__(self, fresh: Fresh[T], period: float, name: str) -> None:
         self._fresh = fresh
@@ -84,9 +86,11 @@ class Watch(Generic[T]):
         self._name = name
         self._waiting: dict[asyncio.Event, Callable[[T], bool]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._judged: tuple[T] | None = None  # the read every waiter left was found not ready for
 
     def wake_when(self, ready: Callable[[T], bool], wake: asyncio.Event) -> None:
         self._waiting[wake] = ready
+        self._judged = None
         if self._task is None:
             self._task = asyncio.create_task(self._watch(), name=self._name)
 
@@ -101,10 +105,13 @@ class Watch(Generic[T]):
                     value = await self._fresh.get(time.monotonic())
                 except Exception:
                     value = None
+                if value is not None and self._judged is not None and self._judged[0] == value:
+                    continue
                 for wake, ready in list(self._waiting.items()):
                     if value is None or ready(value):
                         del self._waiting[wake]
                         wake.set()
+                self._judged = None if value is None else (value,)
         finally:
             self._task = None
 
