@@ -12,6 +12,8 @@ Then, unless --no-raw, the floor on the same broker: as many members written on 
 own client (raw_beats.py), exchanging heartbeats of the same size at the same interval and
 nothing else, measured the same way; the ratio of the clients' CPU to the floor's is what
 lbg's design adds to what any member of such a group costs on that client library.
+Beside the CPU, how often a client woke up a second (voluntary context switches): on a VM an
+idle process pays mostly for its wake-ups, so that figure says where an idle client's CPU goes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from measure import (
     run_per_broker,
     table,
     tree_cpu_seconds,
+    wakeups,
 )
 from raw_beats import READY
 
@@ -148,12 +151,13 @@ async def measure_size(
         await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
         await asyncio.sleep(SETTLE_SECONDS)
         bytes_before, started = control_bytes, time.monotonic()
-        clients_cpu, broker_cpu = await quiet_cpu(run, clients, window)
+        quiet = await quiet_cpu(run, clients, window)
         result: dict[str, Any] = {
             "queues": size.queues,
             "clients": size.clients,
-            "clients_cpu_pct": clients_cpu,
-            "broker_cpu_pct": broker_cpu,
+            "clients_cpu_pct": quiet.clients_cpu_pct,
+            "broker_cpu_pct": quiet.broker_cpu_pct,
+            "client_wakeups_per_s": quiet.wakeups_per_client_s,
             "control_bytes_per_s": round(
                 (control_bytes - bytes_before) / (time.monotonic() - started)
             ),
@@ -195,23 +199,35 @@ async def measure_size(
             await broker.delete_group(name)
 
 
-async def quiet_cpu(
-    run: BrokerRun, daemons: list[Daemon], window: float
-) -> tuple[float, float | None]:
-    """The daemons' CPU together and the broker's over the next `window` s, % of a core."""
-    before = [cpu_seconds(d.process.pid) or 0.0 for d in daemons]
+@dataclass(frozen=True)
+class Quiet:
+    """What a group's daemons and its broker cost over a window with no event flowing."""
+
+    clients_cpu_pct: float
+    broker_cpu_pct: float | None
+    wakeups_per_client_s: float
+
+
+async def quiet_cpu(run: BrokerRun, daemons: list[Daemon], window: float) -> Quiet:
+    """The daemons' CPU together and the broker's over the next `window` s, % of a core, and
+    how often a daemon woke up, on average."""
+    pids = [d.process.pid for d in daemons]
+    before = [cpu_seconds(pid) or 0.0 for pid in pids]
+    wakes_before = [wakeups(pid) or 0 for pid in pids]
     broker_before = tree_cpu_seconds(run.pid) if run.pid else None
     started = time.monotonic()
     await asyncio.sleep(window)
     elapsed = time.monotonic() - started
-    after = [cpu_seconds(d.process.pid) or 0.0 for d in daemons]
+    after = [cpu_seconds(pid) or 0.0 for pid in pids]
+    wakes_after = [wakeups(pid) or 0 for pid in pids]
     broker_after = tree_cpu_seconds(run.pid) if run.pid else None
     broker = (
         None
         if broker_before is None or broker_after is None
         else round(100 * (broker_after - broker_before) / elapsed, 1)
     )
-    return round(100 * (sum(after) - sum(before)) / elapsed, 1), broker
+    wakes = (sum(wakes_after) - sum(wakes_before)) / elapsed / max(1, len(pids))
+    return Quiet(round(100 * (sum(after) - sum(before)) / elapsed, 1), broker, round(wakes))
 
 
 async def measure_raw(run: BrokerRun, size: Size, window: float, interval: float) -> dict:
@@ -228,10 +244,14 @@ async def measure_raw(run: BrokerRun, size: Size, window: float, interval: float
         ready = lambda: logged(deployment, [m.name for m in members], READY)  # noqa: E731
         await wait_until(ready, SETTLE_TIMEOUT, f"{size.label}: every raw member ready", members)
         await asyncio.sleep(SETTLE_SECONDS)
-        clients_cpu, broker_cpu = await quiet_cpu(run, members, window)
+        quiet = await quiet_cpu(run, members, window)
     finally:
         await asyncio.to_thread(deployment.stop_all)
-    return {"raw_clients_cpu_pct": clients_cpu, "raw_broker_cpu_pct": broker_cpu}
+    return {
+        "raw_clients_cpu_pct": quiet.clients_cpu_pct,
+        "raw_broker_cpu_pct": quiet.broker_cpu_pct,
+        "raw_client_wakeups_per_s": quiet.wakeups_per_client_s,
+    }
 
 
 def heartbeat_interval(member_config: str | None) -> float:
@@ -283,6 +303,8 @@ def show(results: dict[str, dict[str, Any]], sizes: list[Size]) -> list[str]:
         ("raw_clients_cpu_pct", "raw floor (raw_beats.py): clients' CPU, %"),
         ("clients_vs_raw", "clients' CPU / raw floor's"),
         ("raw_broker_cpu_pct", "raw floor: broker CPU, % of a core"),
+        ("client_wakeups_per_s", "wake-ups per client per s"),
+        ("raw_client_wakeups_per_s", "raw floor: wake-ups per member per s"),
         ("control_bytes_per_s", "control channel, bytes/s"),
         ("join_s", "join: start -> joined, s, p50 / max"),
         ("crash_s", "kill -9 -> seen gone, s, p50 / max"),

@@ -17,7 +17,7 @@ def test_every_tables_broker_columns_end_where_the_others_do() -> None:
     lines = [line for line in show(results, [Size(256, 8)]) if line]
     headers = [line for line in lines if line.rstrip().endswith("rabbitmq")]
     rows = [line for line in lines if line.startswith("QC 256 x 8")]
-    assert len(headers) == len(rows) == 9, lines
+    assert len(headers) == len(rows) == 11, lines
     assert len({len(line.rstrip()) for line in headers + rows}) == 1, "\n".join(lines)
     assert len({line.index("nats") for line in headers}) == 1, "\n".join(headers)
     assert any("0.76 / 0.80" in row and "1.04 / 1.06" in row for row in rows), rows
