@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Iterable
+
+# A multiple of the period closer than this fraction of it is skipped for the one after: an
+# event loop's timer may fire up to a millisecond early (uvloop rounds to milliseconds), and
+# work run just before its multiple must not be followed by another run just after it.
+MIN_GAP = 1 / 20
 
 
 async def cancel_and_wait(task: asyncio.Task, retry_after: float = 0.5) -> None:
@@ -38,3 +44,19 @@ async def gather_bounded(limit: int, calls: Iterable[Awaitable[None]]) -> None:
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+def until_next(period: float, now: float | None = None) -> float:
+    """Seconds from `now` (the wall clock) to the next multiple of `period` at least
+    MIN_GAP periods away: so runs are at most (1 + MIN_GAP) periods apart."""
+    now = time.time() if now is None else now
+    delay = period - now % period
+    return delay if delay >= MIN_GAP * period else delay + period
+
+
+async def sleep_to_multiple(period: float) -> None:
+    """Sleep until the wall clock's next multiple of `period`. A process's periodic tasks
+    whose periods are multiples of one another then wake its event loop together, once,
+    rather than each at its own moment: on a VM a wake from idle costs a few hundred
+    microseconds of CPU however little is done (bench/README.md, idle.py's wake-ups)."""
+    await asyncio.sleep(until_next(period))

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from lbg.aio import until_next
+
 if TYPE_CHECKING:
     from aiohttp import web
     from prometheus_client import CollectorRegistry, Histogram
@@ -150,11 +152,13 @@ class LoopWatch:
         self.lag = 0.0
 
     async def tick(self) -> None:
-        """Every TICK_SECONDS, note the time and how late the loop woke this task."""
+        """On each multiple of TICK_SECONDS (with the process's other periodic work), note the
+        time and how late the loop woke this task."""
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            delay = until_next(TICK_SECONDS)
+            await asyncio.sleep(delay)
             now = time.monotonic()
-            self.lag = max(0.0, now - self.last_tick - TICK_SECONDS)
+            self.lag = max(0.0, now - self.last_tick - delay)
             self.last_tick = now
 
     def alive(self) -> bool:

@@ -420,3 +420,34 @@ def test_coordinated_standbys_not_preferred_look_at_their_locks_once_for_the_cli
             await _until(lambda: all(standby.active for standby in standbys), 4 * look + 2)
 
     _run(url, scenario, GroupConfig("PREFIX", 32, 16))
+
+
+def test_heartbeats_are_heard_again_once_the_listening_connection_is_killed(url: str) -> None:
+    """The database ends the LISTEN session (a restart, an operator): the client listens
+    again on a new connection, told by asyncpg that the old one closed, not by polling it."""
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        listener = await _broker(url, "listener")
+        heard: list[bytes] = []
+        try:
+            unsubscribe = await listener.subscribe_control(group, heard.append)
+            await admin.publish_control(group, b"before")
+            await _until(lambda: b"before" in heard)
+            killed = await _sql(
+                url,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = 'listener/control'",
+            )
+            assert killed == 1
+
+            async def beat_until_heard() -> None:
+                while b"after" not in heard:
+                    await admin.publish_control(group, b"after")
+                    await asyncio.sleep(0.1)
+
+            await asyncio.wait_for(beat_until_heard(), 5)
+            await unsubscribe()
+        finally:
+            await listener.close()
+
+    _run(url, scenario)

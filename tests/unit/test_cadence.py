@@ -5,9 +5,9 @@ watchdog looks only when a handler call could have hung past the stall timeout."
 import asyncio
 import time
 
+from lbg.aio import until_next
 from lbg.broker import connect_broker
 from lbg.broker.memory import reset_memory_brokers
-from lbg.client.cadence import until_next
 from lbg.client.coordination import DynamicCoordinator, DynamicRole, Seat
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import BindingSteering

@@ -8,12 +8,12 @@ import time
 
 from tests.support.clock import Clock
 
+from lbg.aio import until_next
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client import coordinator as coordinator_module
-from lbg.client.cadence import until_next
 from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
 from lbg.client.steering import BindingSteering
 from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync

@@ -10,26 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-# A multiple of the period closer than this fraction of it is skipped for the one after: an
-# event loop's timer may fire up to a millisecond early (uvloop rounds to milliseconds), and
-# a round run just before its multiple must not be followed by another just after it.
-MIN_GAP = 1 / 20
 # Rounds that ran an interval or more late (the process was blocked or starved of CPU) are
 # logged at most this often, with the worst lateness since: it is what fences a live member.
 LATE_LOG_SECONDS = 10.0
-
-
-def until_next(period: float, now: float | None = None) -> float:
-    """Seconds from `now` (the wall clock) to the next multiple of `period` at least
-    MIN_GAP periods away: so rounds are at most (1 + MIN_GAP) periods apart."""
-    now = time.time() if now is None else now
-    delay = period - now % period
-    return delay if delay >= MIN_GAP * period else delay + period
 
 
 async def wait_until(delay: float, wake: asyncio.Event) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
-from lbg.aio import cancel_and_wait, gather_bounded
+from lbg.aio import cancel_and_wait, gather_bounded, sleep_to_multiple, until_next
 from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding, broker_trouble
 from lbg.client.coordination import (
     DynamicRole,
@@ -227,7 +227,9 @@ class LbgClient:
         cg-admin's control message) and every CONFIG_CHECK_SECONDS anyway; adopt a new size."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._config_changed.wait(), CONFIG_CHECK_SECONDS)
+                await asyncio.wait_for(
+                    self._config_changed.wait(), until_next(CONFIG_CHECK_SECONDS)
+                )
             self._config_changed.clear()
             try:
                 config = await self._broker.read_group(self._group)
@@ -235,7 +237,7 @@ class LbgClient:
                     await self._resize(config)
             except BrokerError as exc:
                 log.warning("client %s: cannot follow the group's config: %s", self.client_id, exc)
-            await asyncio.sleep(CONFIG_READ_GAP)
+            await sleep_to_multiple(CONFIG_READ_GAP)
 
     async def _follow_unparks(self) -> None:
         """Read the parked keys every REFRESH_SECONDS and, once an operator unparked a key,
@@ -244,7 +246,7 @@ class LbgClient:
         A client that serves no queue yet reads nothing (a worker reads the keys when it takes
         its queue over), so an idle member's cost follows the events."""
         while True:
-            await asyncio.sleep(REFRESH_SECONDS)
+            await sleep_to_multiple(REFRESH_SECONDS)
             if not self._checked:
                 continue
             await self._parking.refresh_if_due()

@@ -26,9 +26,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from lbg.aio import cancel_requested
+from lbg.aio import cancel_requested, until_next
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.cadence import ExtraRound, LateRounds, until_next, wait_until
+from lbg.client.cadence import ExtraRound, LateRounds, wait_until
 from lbg.client.membership import MembershipView
 from lbg.client.presence import PresenceProbes
 from lbg.client.steering import Holding, Steering

@@ -15,7 +15,6 @@ import base64
 import contextlib
 import hashlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC
@@ -43,6 +42,7 @@ from lbg.broker.messagedb.binding import MessageDbBinding
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
 from lbg.broker.messagedb.shared import HeadReader, Shared
+from lbg.broker.pauses import PauseClock
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
 from lbg.model.messages import check_key, event_digest
@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
 POLL_SECONDS = 0.1
-TICK_SECONDS = 0.1
 STALL_LIMIT = 1.0
 OUTPUT_BATCH = 1000
 SEARCH_PATH = "message_store,public"
@@ -133,8 +132,7 @@ class MessageDbBroker(Broker):
         self._control: asyncpg.Connection | None = None
         self._lost = False
         self._control_lock = asyncio.Lock()
-        self._last_tick = time.monotonic()
-        self._ticker = asyncio.create_task(self._tick(), name="messagedb-liveness")
+        self._pauses = PauseClock(STALL_LIMIT)
 
     @classmethod
     async def connect(cls, settings: BrokerSettings, name: str) -> MessageDbBroker:
@@ -146,7 +144,7 @@ class MessageDbBroker(Broker):
             )
             await broker._pool.execute("SELECT 1")
         except (*DB_ERRORS, ValueError) as exc:
-            await cancel_and_wait(broker._ticker)
+            await broker._pauses.close()
             raise BrokerError(
                 f"cannot connect to {public_dsn(broker._dsn)} within {broker._timeout:g}s "
                 f"({_reason(exc)})"
@@ -169,7 +167,7 @@ class MessageDbBroker(Broker):
         return await asyncpg.connect(**self._connect_args(app_name))  # type: ignore[arg-type]
 
     async def close(self) -> None:
-        await cancel_and_wait(self._ticker)
+        await self._pauses.close()
         if self._control is not None:
             with contextlib.suppress(Exception):
                 await self._control.close(timeout=2)
@@ -181,12 +179,6 @@ class MessageDbBroker(Broker):
             if pool is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pool.close(), 5)
-
-    async def _tick(self) -> None:
-        """Notes the time every tick: a gap means this process was paused (SIGSTOP, swap)."""
-        while True:
-            self._last_tick = time.monotonic()
-            await asyncio.sleep(TICK_SECONDS)
 
     def _connection_lost(self, exc: BaseException) -> None:
         if not isinstance(exc, asyncpg.PostgresError) or isinstance(
@@ -200,9 +192,6 @@ class MessageDbBroker(Broker):
         if self._lost:
             self._lost = False
             log.info("reconnected to the broker")
-
-    def _paused_for(self) -> float:
-        return time.monotonic() - self._last_tick
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -460,7 +449,7 @@ class MessageDbBroker(Broker):
             category,
             self._shared[client_id, group],
             poll_seconds=POLL_SECONDS,
-            paused_for=self._paused_for,
+            paused_for=self._pauses.paused_for,
             stall_limit=STALL_LIMIT,
             preferred=preferred,
             on_change=on_change,
@@ -527,8 +516,7 @@ class MessageDbBroker(Broker):
         """Listen again whenever the connection goes (a database restart)."""
         try:
             while True:
-                while not conn.is_closed():
-                    await asyncio.sleep(POLL_SECONDS * 3)
+                await _closed(conn)
                 try:
                     conn = await self._listen(channel, deliver)
                     log.info("heartbeat subscription on '%s' restored", channel)
@@ -574,6 +562,15 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     an open transaction: nothing. Nothing run on the pools leaves session state (no SET,
     LISTEN, cursor or session lock: those live on connections of their own), and the default
     reset query was a second round trip for every pooled query (100 a second at QC 256 x 8)."""
+
+
+async def _closed(conn: asyncpg.Connection) -> None:
+    """Return once `conn` has closed: asyncpg calls its termination listeners then, so an idle
+    process does not wake to ask (it asked three times a second)."""
+    closed = asyncio.Event()
+    conn.add_termination_listener(lambda _conn: closed.set())
+    if not conn.is_closed():
+        await closed.wait()
 
 
 def _client_of(application_name: str | None) -> str | None:

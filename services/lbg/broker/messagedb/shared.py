@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 import asyncpg
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import cancel_and_wait, sleep_to_multiple
 from lbg.broker.messagedb import generations
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.model.generations import Generation
@@ -75,10 +75,11 @@ class Fresh(Generic[T]):
 
 class Watch(Generic[T]):
     """Wakes each waiter once a shared read shows what it waits for (or fails: each waiter
-    then meets the failure in its own read): one read every period while anyone waits,
-    started after they asked, however many wait. A read equal to the last one, with nobody
-    new waiting, wakes nobody and is not put to each waiter: the idle case, where asking
-    every holder's condition ten times a second was a third of a client's CPU at QC 1024."""
+    then meets the failure in its own read): one read on each multiple of the period (the
+    wall clock's, with the process's other periodic work) while anyone waits, however many.
+    A read equal to the last one, with nobody new waiting, wakes nobody and is not put to
+    each waiter: the idle case, where asking every holder's condition ten times a second
+    was a third of a client's CPU at QC 1024."""
 
     def __init__(self, fresh: Fresh[T], period: float, name: str) -> None:
         self._fresh = fresh
@@ -100,7 +101,7 @@ class Watch(Generic[T]):
     async def _watch(self) -> None:
         try:
             while self._waiting:
-                await asyncio.sleep(self._period)
+                await sleep_to_multiple(self._period)
                 try:
                     value = await self._fresh.get(time.monotonic())
                 except Exception:

@@ -42,6 +42,7 @@ from lbg.broker.base import (
     UndeliverableEvent,
     why,
 )
+from lbg.broker.pauses import PauseClock
 from lbg.broker.rabbitmq import topology
 from lbg.broker.rabbitmq.binding import (
     LINE_CHANGES_AT_ONCE,
@@ -68,7 +69,6 @@ MANAGEMENT_PORT = 15672
 POLL_SECONDS = 0.25
 CONTROL_TIMEOUT = 1.0
 RECONSUME_SECONDS = 1.0
-TICK_SECONDS = 0.1
 # The channels that publish with confirms: events and records; epoch claims and parked keys.
 CONFIRMED = ("publish", "claims")
 # RabbitMQ 3.10 stamps no store time on messages: the sender's clock stands in for it.
@@ -113,8 +113,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._exchanges: dict[str, AbstractExchange] = {}
         self._prefixes: dict[str, str] = {}
         self._management: ManagementApi | None = None
-        self._last_tick = time.monotonic()
-        self._ticker = asyncio.create_task(self._tick(), name="rabbitmq-liveness")
+        self._pauses = PauseClock(self._heartbeat)
         self._closing = False
         self._claims = OwnerClaims(self._open_channel, self._publish_claim)
         self._line_gate = asyncio.Semaphore(LINE_CHANGES_AT_ONCE)  # shared by its bindings
@@ -128,7 +127,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         try:
             await broker._connection.get()
         except BaseException:
-            await cancel_and_wait(broker._ticker)
+            await broker._pauses.close()
             raise
         return broker
 
@@ -137,7 +136,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
 
     async def close(self) -> None:
         self._closing = True
-        await cancel_and_wait(self._ticker)
+        await self._pauses.close()
         if self._warming is not None:
             await cancel_and_wait(self._warming)
         await self._claims.close()
@@ -149,15 +148,6 @@ class RabbitBroker(RabbitProvisioning, Broker):
             await self._management.close()
 
     # -- connection and channels -------------------------------------------------------
-
-    async def _tick(self) -> None:
-        """Notes the time every tick: a gap means this process was paused (SIGSTOP, swap)."""
-        while True:
-            self._last_tick = time.monotonic()
-            await asyncio.sleep(TICK_SECONDS)
-
-    def _paused_for(self) -> float:
-        return time.monotonic() - self._last_tick
 
     async def _open_channel(self, confirms: bool = False, control: bool = False) -> AbstractChannel:
         connection = await (self._control if control else self._connection).get()
@@ -390,7 +380,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
             exclusive=config.exclusive,
             poll_seconds=POLL_SECONDS,
             look_seconds=coordinated_look_seconds(config.queue_count),
-            paused_for=self._paused_for,
+            paused_for=self._pauses.paused_for,
             stall_limit=self._heartbeat,
             preferred=preferred,
             on_change=on_change,

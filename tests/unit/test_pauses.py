@@ -1,0 +1,42 @@
+"""The pause clock a binding asks before processing: a pause past the stall limit is always
+seen, a live loop is not taken for paused, and its ticks fall on the wall clock's multiples of
+their period (with the process's other periodic work, so they cost no wake of their own)."""
+
+import asyncio
+import time
+
+from lbg.aio import sleep_to_multiple
+from lbg.broker.pauses import TICKS_PER_LIMIT, PauseClock
+
+LIMIT = 0.5
+
+
+def test_a_live_loop_is_never_taken_for_paused_and_a_blocked_one_is() -> None:
+    async def scenario() -> tuple[float, float]:
+        clock = PauseClock(LIMIT)
+        worst = 0.0
+        for _ in range(60):
+            await asyncio.sleep(0.01)
+            worst = max(worst, clock.paused_for())
+        time.sleep(LIMIT + 0.05)  # a SIGSTOP, as the loop sees it
+        paused = clock.paused_for()
+        await clock.close()
+        return worst, paused
+
+    worst, paused = asyncio.run(scenario())
+    assert worst < 2 * LIMIT / TICKS_PER_LIMIT, f"a live loop looked paused for {worst:.3f}s"
+    assert paused > LIMIT
+
+
+def test_sleep_to_multiple_wakes_on_the_wall_clocks_multiples_of_its_period() -> None:
+    period = 0.05
+
+    async def phases() -> list[float]:
+        woke = []
+        for _ in range(8):
+            await sleep_to_multiple(period)
+            woke.append(time.time() % period)
+        return woke
+
+    late = [min(phase, period - phase) for phase in asyncio.run(phases())]
+    assert sorted(late)[len(late) // 2] < period / 5, f"phases {late}"
