@@ -56,11 +56,22 @@ from raw_beats import READY
 JOINED = "member {} joined"
 GONE = "member {} is gone"
 SETTLE_TIMEOUT = 120.0
-# After every member joined (or a raw member is ready), before the quiet window.
+# After every member joined (or a raw member is ready), before the quiet window (--settle).
 SETTLE_SECONDS = 3.0
 RAW_BEATS = Path(__file__).with_name("raw_beats.py")
 # After a join or a kill, before the next: the queues that move have moved.
 BETWEEN_SAMPLES_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How each size is measured: the options, the same for every size and broker."""
+
+    window: float
+    samples: int
+    settle: float = SETTLE_SECONDS
+    member_args: tuple[str, ...] = ()
+    raw_interval: float | None = None  # the floor's heartbeat interval; None: no floor
 
 
 @dataclass(frozen=True)
@@ -119,15 +130,8 @@ async def wait_until(check: Any, timeout: float, what: str, daemons: list[Daemon
     return time.monotonic() - started
 
 
-async def measure_size(
-    run: BrokerRun,
-    broker: Broker,
-    size: Size,
-    window: float,
-    samples: int,
-    member_args: tuple[str, ...] = (),
-) -> dict:
-    """Idle CPU and control bytes/s at one size, then `samples` joins and crashes."""
+async def measure_size(run: BrokerRun, broker: Broker, size: Size, plan: Plan) -> dict:
+    """Idle CPU and control bytes/s at one size, then the plan's samples: joins and crashes."""
     name = f"idle-{uuid.uuid4().hex[:6]}"
     config = GroupConfig(  # small queues: no event flows, and NATS reserves QS x QC on disk
         hash_prefix=name, hash_count=max(64, size.queues), queue_count=size.queues, queue_size_mb=8
@@ -143,15 +147,15 @@ async def measure_size(
     unsubscribe = await broker.subscribe_control(name, count)
     try:
         clients = [
-            deployment.start(f"c{n}", "lbg-client", "--id", f"c{n}", *member_args)
+            deployment.start(f"c{n}", "lbg-client", "--id", f"c{n}", *plan.member_args)
             for n in range(size.clients)
         ]
         names = [c.name for c in clients]
         joined = lambda: logged(deployment, names, JOINED)  # noqa: E731
         await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
-        await asyncio.sleep(SETTLE_SECONDS)
+        await asyncio.sleep(plan.settle)
         bytes_before, started = control_bytes, time.monotonic()
-        quiet = await quiet_cpu(run, clients, window)
+        quiet = await quiet_cpu(run, clients, plan.window)
         result: dict[str, Any] = {
             "queues": size.queues,
             "clients": size.clients,
@@ -164,9 +168,9 @@ async def measure_size(
             "load_1min": round(os.getloadavg()[0], 1),
         }
         result["join_s"], result["crash_s"] = [], []
-        for sample in range(samples):
+        for sample in range(plan.samples):
             joiner = deployment.start(
-                f"j{sample}", "lbg-client", "--id", f"j{sample}", *member_args
+                f"j{sample}", "lbg-client", "--id", f"j{sample}", *plan.member_args
             )
             joined_in = await wait_until(
                 lambda: logged(deployment, [joiner.name], JOINED),  # noqa: B023
@@ -230,7 +234,7 @@ async def quiet_cpu(run: BrokerRun, daemons: list[Daemon], window: float) -> Qui
     return Quiet(round(100 * (sum(after) - sum(before)) / elapsed, 1), broker, round(wakes))
 
 
-async def measure_raw(run: BrokerRun, size: Size, window: float, interval: float) -> dict:
+async def measure_raw(run: BrokerRun, size: Size, plan: Plan, interval: float) -> dict:
     """The floor at this size: as many raw_beats.py members, heartbeats only, on the broker's
     own client, measured like the lbg clients (after them, on the same broker)."""
     name = f"raw{uuid.uuid4().hex[:6]}"
@@ -243,8 +247,8 @@ async def measure_raw(run: BrokerRun, size: Size, window: float, interval: float
         ]
         ready = lambda: logged(deployment, [m.name for m in members], READY)  # noqa: E731
         await wait_until(ready, SETTLE_TIMEOUT, f"{size.label}: every raw member ready", members)
-        await asyncio.sleep(SETTLE_SECONDS)
-        quiet = await quiet_cpu(run, members, window)
+        await asyncio.sleep(plan.settle)
+        quiet = await quiet_cpu(run, members, plan.window)
     finally:
         await asyncio.to_thread(deployment.stop_all)
     return {
@@ -263,24 +267,17 @@ def heartbeat_interval(member_config: str | None) -> float:
         return float(tomllib.load(file).get("client", {}).get("heartbeat_interval", default))
 
 
-async def scenario(
-    run: BrokerRun,
-    sizes: list[Size],
-    window: float,
-    samples: int,
-    member_args: tuple[str, ...] = (),
-    raw_interval: float | None = None,
-) -> dict[str, Any]:
-    """Every size on one broker; with `raw_interval`, each size's raw floor too."""
+async def scenario(run: BrokerRun, sizes: list[Size], plan: Plan) -> dict[str, Any]:
+    """Every size on one broker; with the plan's `raw_interval`, each size's raw floor too."""
     broker = await run.connect("bench-idle")
     try:
         rows: list[dict[str, Any]] = []
         for size in sizes:
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
             try:
-                row = await measure_size(run, broker, size, window, samples, member_args)
-                if raw_interval is not None:
-                    row.update(await measure_raw(run, size, window, raw_interval))
+                row = await measure_size(run, broker, size, plan)
+                if plan.raw_interval is not None:
+                    row.update(await measure_raw(run, size, plan, plan.raw_interval))
                     row["clients_vs_raw"] = ratio(
                         row["clients_cpu_pct"], row["raw_clients_cpu_pct"]
                     )
@@ -342,6 +339,11 @@ def cell(value: Any) -> str:
               help="QUEUESxCLIENTS, comma-separated.")  # fmt: skip
 @click.option("--window", default=15.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds of quiet measured per size.")  # fmt: skip
+@click.option("--settle", default=SETTLE_SECONDS, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Seconds between the last member joining and the window. A longer one shows "
+              "steady-state work of longer periods (Message DB's look at its locks every 30 s, "
+              "RabbitMQ's standby counts).")  # fmt: skip
 @click.option("--samples", default=3, show_default=True, type=click.IntRange(min=1),
               help="Joins and kills -9 timed per size, one after the other.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Last stdout line: every figure as JSON.")
@@ -359,6 +361,7 @@ def cell(value: Any) -> str:
 def main(
     sizes: list[Size],
     window: float,
+    settle: float,
     samples: int,
     as_json: bool,
     member_config: str | None,
@@ -369,8 +372,13 @@ def main(
 ) -> None:
     """Idle cost of a group by queue count, on each broker, in one run."""
     kinds = chosen_brokers(brokers, broker_url, admin_url)
-    member_args = ("--config", str(Path(member_config).resolve())) if member_config else ()
-    raw_interval = heartbeat_interval(member_config) if raw else None
+    plan = Plan(
+        window,
+        samples,
+        settle,
+        ("--config", str(Path(member_config).resolve())) if member_config else (),
+        heartbeat_interval(member_config) if raw else None,
+    )
     with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
         results = uvloop.run(
             run_per_broker(
@@ -378,7 +386,7 @@ def main(
                 broker_url,
                 admin_url,
                 Path(folder),
-                lambda run: scenario(run, sizes, window, samples, member_args, raw_interval),
+                lambda run: scenario(run, sizes, plan),
                 lambda line: print(line, file=sys.stderr),
             )
         )
