@@ -71,7 +71,8 @@ class Plan:
     samples: int
     settle: float = SETTLE_SECONDS
     member_args: tuple[str, ...] = ()
-    raw_interval: float | None = None  # the floor's heartbeat interval; None: no floor
+    raw: bool = True  # each size's floor too (raw_beats.py)
+    heartbeat_interval: float = DynamicRole().heartbeat_interval  # the members', the floor's
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ async def quiet_cpu(run: BrokerRun, daemons: list[Daemon], window: float) -> Qui
     return Quiet(round(100 * (sum(after) - sum(before)) / elapsed, 1), broker, round(wakes))
 
 
-async def measure_raw(run: BrokerRun, size: Size, plan: Plan, interval: float) -> dict:
+async def measure_raw(run: BrokerRun, size: Size, plan: Plan) -> dict:
     """The floor at this size: as many raw_beats.py members, heartbeats only, on the broker's
     own client, measured like the lbg clients (after them, on the same broker)."""
     name = f"raw{uuid.uuid4().hex[:6]}"
@@ -242,7 +243,7 @@ async def measure_raw(run: BrokerRun, size: Size, plan: Plan, interval: float) -
     command = [sys.executable, str(RAW_BEATS), "--broker-url", run.endpoint.url, "--name", name]
     try:
         members = [
-            deployment.spawn(f"r{n}", [*command, "--interval", str(interval)])
+            deployment.spawn(f"r{n}", [*command, "--interval", str(plan.heartbeat_interval)])
             for n in range(size.clients)
         ]
         ready = lambda: logged(deployment, [m.name for m in members], READY)  # noqa: E731
@@ -268,7 +269,7 @@ def heartbeat_interval(member_config: str | None) -> float:
 
 
 async def scenario(run: BrokerRun, sizes: list[Size], plan: Plan) -> dict[str, Any]:
-    """Every size on one broker; with the plan's `raw_interval`, each size's raw floor too."""
+    """Every size on one broker, and each size's raw floor too if the plan says so."""
     broker = await run.connect("bench-idle")
     try:
         rows: list[dict[str, Any]] = []
@@ -276,8 +277,8 @@ async def scenario(run: BrokerRun, sizes: list[Size], plan: Plan) -> dict[str, A
             print(f"[{run.kind}] {size.label} ...", file=sys.stderr)
             try:
                 row = await measure_size(run, broker, size, plan)
-                if plan.raw_interval is not None:
-                    row.update(await measure_raw(run, size, plan, plan.raw_interval))
+                if plan.raw:
+                    row.update(await measure_raw(run, size, plan))
                     row["clients_vs_raw"] = ratio(
                         row["clients_cpu_pct"], row["raw_clients_cpu_pct"]
                     )
@@ -377,7 +378,8 @@ def main(
         samples,
         settle,
         ("--config", str(Path(member_config).resolve())) if member_config else (),
-        heartbeat_interval(member_config) if raw else None,
+        raw,
+        heartbeat_interval(member_config),
     )
     with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
         results = uvloop.run(
