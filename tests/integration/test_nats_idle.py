@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, BrokerError
 from lbg.broker.nats.adapter import consumer_name, events_stream
+from lbg.broker.nats.binding import NatsQueueBinding
 from lbg.broker.nats.direct import subscribe_direct
 from lbg.devstack.embedded import EmbeddedNats
 from lbg.model.group import GroupConfig
@@ -52,11 +53,13 @@ class Watched:
 
 
 @contextlib.asynccontextmanager
-async def watched_group(url: str, prefix: str, members: tuple[str, ...], *kinds: str):
+async def watched_group(
+    url: str, prefix: str, members: tuple[str, ...], *kinds: str, queues: int = 1
+):
     group = f"{prefix}{uuid.uuid4().hex[:6]}"
     settings = BrokerSettings(url=url)
     admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
-    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=1)
+    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=queues)
     await admin.create_group(group, config)
     sides = [await connect_broker(settings, name, PRIORITY_TIMEOUT) for name in members]
     monitor = await nats.connect(url)
@@ -107,6 +110,79 @@ async def idle_queue(url: str, coordinated: bool) -> None:
         assert taken < 2.5 * PRIORITY_TIMEOUT, f"takeover {taken:.2f} s after the owner went silent"
         await owner.close()
         await standby.close()
+
+
+async def shared_look(url: str, look: float, listed: bool) -> None:
+    async with watched_group(url, "look", ("owner", "standby"), queues=4) as w:
+        group, config, admin, (owner_side, standby_side) = w.group, w.config, w.admin, w.sides
+        stream = events_stream(group)
+        infos: list[str] = []
+        listings: list[str] = []
+        await w.monitor.subscribe(f"$JS.API.CONSUMER.INFO.{stream}.*", cb=_record(infos))
+        await w.monitor.subscribe(f"$JS.API.CONSUMER.LIST.{stream}", cb=_record(listings))
+        queues = range(config.queue_count)
+        owners = [await owner_side.bind(group, config, q, "owner") for q in queues]
+        publisher = HashedPublisher(admin, group, config, "pub")
+        keys = [f"k{n}" for n in range(64)]  # every queue gets some: its owner is pinned
+        for key in keys:
+            await publisher.publish(key, b"{}")
+        for owner in owners:
+            while (delivery := await _next_or_none(owner)) is not None:
+                assert await owner.ack(delivery)
+        standbys = []
+        for queue in queues:
+            standbys.append(await standby_side.bind(group, config, queue, "b", preferred=False))
+            standbys[-1].set_coordinated()
+        await asyncio.sleep(look)
+        infos.clear()
+        listings.clear()
+        await asyncio.sleep(3 * look)
+        if listed:
+            assert not infos, f"standbys in the background asked about their own {len(infos)} times"
+            assert 2 <= len(listings) <= 4, f"{len(listings)} shared looks in 3 look periods"
+        else:
+            assert len(infos) >= 2 * len(standbys), f"{len(infos)} looks of their own"
+        assert not any(standby.active for standby in standbys)
+
+        for owner in owners:  # the owner goes silent; its pins lapse, no advisory is heard
+            owner.suspend(True)
+        await asyncio.sleep(1.2 * PRIORITY_TIMEOUT)
+        for key in keys:
+            await publisher.publish(key, b"{}")
+        await until(
+            lambda: all(standby.active for standby in standbys),
+            look + 3 * PRIORITY_TIMEOUT + 2,
+            "every standby's takeover after a shared look",
+        )
+        for binding in owners + standbys:
+            await binding.close()
+
+
+async def _next_or_none(binding):
+    with contextlib.suppress(TimeoutError):
+        return await asyncio.wait_for(binding.next(), 2 * PRIORITY_TIMEOUT)
+    return None
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "listing-refused"])
+def test_coordinated_standbys_in_the_background_share_one_look_yet_take_a_silent_owners_queues(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, listed: bool
+) -> None:
+    """One listing of the stream's consumers per look period for all of a client's coordinated
+    standbys in the background (each asked about its own queue: 768 requests a minute per
+    client at QC 1024 x 4), and with every advisory lost, the listing alone still has them
+    take over the queues of an owner gone silent. Where the listing fails (a user set up
+    before clients could list), each looks for itself, as before."""
+    look_timeouts = 3
+    monkeypatch.setattr("lbg.broker.nats.binding.COORDINATED_LOOK_TIMEOUTS", look_timeouts)
+    monkeypatch.setattr(NatsQueueBinding, "unpinned", lambda self: None)
+    if not listed:
+        monkeypatch.setattr("lbg.broker.nats.unpins.taken_consumers", _refused_listing)
+    asyncio.run(shared_look(nats_url, look_timeouts * PRIORITY_TIMEOUT, listed))
+
+
+async def _refused_listing(nc: Client, stream: str) -> set[str]:
+    raise TimeoutError(f"no answer for $JS.API.CONSUMER.LIST.{stream}")
 
 
 def _record(into: list[str]):

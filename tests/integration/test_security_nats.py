@@ -24,7 +24,9 @@ from tests.support.tls import Pki, make_pki
 
 from lbg.broker import connect_broker
 from lbg.broker.base import BrokerError, GroupNotFound, PublishError
-from lbg.broker.nats.adapter import CONFIG_BUCKET
+from lbg.broker.nats.adapter import CONFIG_BUCKET, events_stream
+from lbg.broker.nats.connection import ConnectionLog, connect_nats
+from lbg.broker.nats.unpins import taken_consumers
 from lbg.devstack.deployment import LocalDeployment, script
 from lbg.devstack.embedded import EmbeddedNats, free_port
 from lbg.model.destinations import OutputKind, event_destination, output_destination
@@ -268,6 +270,34 @@ async def client_attempts(secure: SecureNats) -> dict[str, str]:
     finally:
         await broker.close()
     return outcome
+
+
+async def consumer_listings(secure: SecureNats) -> dict[str, str]:
+    """The client user lists the consumers of its group's stream (the standbys' shared look),
+    then those of another group's, as a hostile user with the client's account would."""
+    events = ConnectionLog()
+    nc = await connect_nats(secure.settings("client"), "lister", events)
+    outcome: dict[str, str] = {}
+    try:
+        for name, group in (("own", secure.group), ("other", secure.other)):
+            try:
+                taken = await taken_consumers(nc, events_stream(group))
+                outcome[name] = f"listed, {len(taken)} taken"
+            except Exception as exc:  # a refused request gets no answer: a timeout
+                subject = f"$JS.API.CONSUMER.LIST.{events_stream(group)}"
+                outcome[name] = events.refusal(subject) or repr(exc)
+    finally:
+        await nc.close()
+    return outcome
+
+
+def test_the_client_user_lists_its_own_groups_consumers_only(secure_nats: SecureNats) -> None:
+    outcome = asyncio.run(consumer_listings(secure_nats))
+    assert outcome["own"].startswith("listed")
+    assert outcome["other"] == (
+        "not permitted: the server refused this user publishing to"
+        f" '$JS.API.CONSUMER.LIST.LBG_{secure_nats.other}'"
+    )
 
 
 def test_the_client_user_reaches_its_own_group_only(secure_nats: SecureNats) -> None:

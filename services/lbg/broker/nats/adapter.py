@@ -180,6 +180,7 @@ class NatsBroker(Broker):
         self._events.closing = True
         for feed in self._histories.values():
             await feed.close()
+        await self._unpins.close()
         with contextlib.suppress(Exception):
             await self._nc.drain()
 

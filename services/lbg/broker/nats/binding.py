@@ -28,7 +28,7 @@ from nats.aio.subscription import Subscription
 
 from lbg.broker.ackfloor import FloorAcks
 from lbg.broker.base import Delivery, StateListener
-from lbg.broker.bindings import LoopBinding
+from lbg.broker.bindings import UNTIL_WOKEN, LoopBinding
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
 from lbg.broker.nats.generations import is_end
@@ -45,9 +45,11 @@ PULL_BATCH = 200
 # assigns the pin, so only an owner must pull every priority_timeout/3).
 ADVISED_LOOK_TIMEOUTS = 5
 # A coordinated standby (set_coordinated) that is not preferred looks after an advisory, else
-# only this many priority timeouts after its last look: its coordinator makes another member
-# preferred when one goes (at QC 256 x 8, looks every 5 timeouts were 179 requests/s). A
-# coordinated waiting one's pull lasts as long, and it looks for orphaned deliveries as
+# only when the stream's shared look (unpins.PinWatch, one listing of every consumer this
+# many priority timeouts) finds its consumer free: its coordinator makes another member
+# preferred when one goes (at QC 256 x 8, looks every 5 timeouts were 179 requests/s; each
+# standby looking for itself every 30 timeouts, a third of an idle client's CPU at QC 1024).
+# A coordinated waiting one's pull lasts as long, and it looks for orphaned deliveries as
 # rarely unless advised (a lost advisory: the ack wait redelivers them meanwhile); after a
 # reconnect it pulls and looks again at once (the server may have lost the pull).
 COORDINATED_LOOK_TIMEOUTS = 30
@@ -115,8 +117,7 @@ class NatsQueueBinding(LoopBinding):
         self._looked = -math.inf  # the first empty pull looks for orphans
         self._lookers: set[asyncio.Task[None]] = set()
         self._coordinated = False
-        self._unpin_heard = False
-        self._next_look = 0.0
+        self._look_due = False  # a coordinated standby in the background looks next round
         # When the server was last known to hold no pin here (an answer or an UNPINNED
         # advisory, with no PINNED advisory since); None: unknown or pinned. Kept only where
         # this connection hears both advisories (`hear_pins`).
@@ -161,10 +162,9 @@ class NatsQueueBinding(LoopBinding):
         waiting one looks for the deliveries the last owner left unacked (now, while its
         pull stays open, else with its next pull)."""
         self._looked = -math.inf
-        self._unpin_heard = True
         if self._pins_heard:
             self._free_since = time.monotonic()
-        self._wake.set()
+        self.look_soon()
         if self.waiting and not self._pull.done.is_set():
             looker = asyncio.create_task(self._look_now())
             self._lookers.add(looker)
@@ -178,9 +178,31 @@ class NatsQueueBinding(LoopBinding):
             self._looked = -math.inf
             log.warning("queue %d: no look for orphaned deliveries: %s", self.queue, exc)
 
+    def look_soon(self) -> None:
+        """The queue may be free: a standby in the background looks now (an advisory, or the
+        stream's shared look found no pin and no waiting pull)."""
+        self._look_due = True
+        self._wake.set()
+
+    @property
+    def consumer(self) -> str:
+        return self._consumer
+
+    @property
+    def look_period(self) -> float | None:
+        """How often the stream's shared look should find out whether this binding's queue is
+        free: None unless it is a coordinated standby in the background, which does not look
+        for itself."""
+        if (
+            self._coordinated
+            and self._pinned
+            and not (self._preferred or self._active or self._closed)
+        ):
+            return self._timeout * COORDINATED_LOOK_TIMEOUTS
+        return None
+
     def set_coordinated(self) -> None:
         self._coordinated = True
-        self._next_look = time.monotonic() + self._timeout * COORDINATED_LOOK_TIMEOUTS
 
     def set_preferred(self, preferred: bool) -> None:
         """A demoted standby ends its waiting pull now (it lasts several priority timeouts),
@@ -306,8 +328,8 @@ class NatsQueueBinding(LoopBinding):
 
     async def _background_wait(self) -> float | None:
         """How long a non-preferred standby stays out of the way before it looks again (None:
-        it pulls now): while the queue has a live owner, or another pull waits for it (its
-        preferred client's, which must win the next pin).
+        it pulls now; UNTIL_WOKEN: until told to look): while the queue has a live owner, or
+        another pull waits for it (its preferred client's, which must win the next pin).
 
         Only preferred bindings keep a standby pull waiting at all times, so a released
         queue goes to its preferred client; the others pull once the broker has unpinned
@@ -317,21 +339,21 @@ class NatsQueueBinding(LoopBinding):
         timeout: an idle standby costs the server nothing (a dynamic group's coordinator
         makes another member preferred when a member goes; a static group's secondary takes
         a queue whose primary died while nobody held its pin only after that long). A
-        coordinated one looks only after an advisory, else COORDINATED_LOOK_TIMEOUTS after
-        its last look.
+        coordinated one looks only when an advisory or the stream's shared look says the
+        queue may be free (`look_soon`).
         """
         if not self._pinned or self._preferred or self._active:
             return None
-        now = time.monotonic()
-        if self._coordinated and not self._unpin_heard and now < self._next_look:
-            return self._next_look - now
-        self._unpin_heard = False
+        if self._coordinated and not self._look_due:
+            return UNTIL_WOKEN
+        self._look_due = False
         info = await jsapi.consumer_info(self._nc, self._stream, self._consumer)
         pinned = any(g.get("pinned_client_id") for g in info.get("priority_groups") or [])
         if not pinned and info.get("num_waiting", 0) == 0:
-            self._next_look = 0.0  # it pulls, and looks again before its next pull
+            self._look_due = True  # it pulls, and looks again before its next pull
             return None
-        self._next_look = now + self._timeout * COORDINATED_LOOK_TIMEOUTS
+        if self._coordinated:
+            return UNTIL_WOKEN
         return self._timeout * (ADVISED_LOOK_TIMEOUTS if self._advised else 0.5)
 
     async def _pull_inbox(self) -> str:

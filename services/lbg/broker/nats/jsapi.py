@@ -104,6 +104,17 @@ async def consumer_info(nc: Client, stream: str, consumer: str) -> dict:
     return await request(nc, f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
 
 
+async def consumer_infos(nc: Client, stream: str) -> list[dict]:
+    """Every consumer's state on `stream`, one request per page (the server's limit, 256)."""
+    infos: list[dict] = []
+    while True:
+        page = await request(nc, f"$JS.API.CONSUMER.LIST.{stream}", {"offset": len(infos)})
+        consumers = page.get("consumers") or []
+        infos += consumers
+        if not consumers or len(infos) >= page.get("total", 0):
+            return infos
+
+
 async def unpin(nc: Client, stream: str, consumer: str, group: str) -> dict:
     """Release the pin so a waiting standby pull becomes the active one at once."""
     return await request(nc, f"$JS.API.CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})

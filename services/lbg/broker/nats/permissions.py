@@ -76,6 +76,7 @@ def client_permissions(group: str, user: str) -> dict[str, Any]:
             f"$JS.API.CONSUMER.{verb}.{stream}.*"
             for verb in ("INFO", "MSG.NEXT", "UNPIN", "RESET", "DELETE")
         ),
+        f"$JS.API.CONSUMER.LIST.{stream}",
         f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.ACK.{stream}.>",
         f"$JS.API.STREAM.INFO.KV_{OWNERS_BUCKET}",
