@@ -29,8 +29,9 @@ from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingM
 READY = "raw member ready"
 # The size of an lbg heartbeat of an idle member that says nothing new (64-70 bytes).
 BODY_BYTES = 64
-# Message DB consumers' usual idle read interval (Eventide's default poll).
-POLL_SECONDS = 0.1
+# How often an idle Message DB consumer reads its category: lbg's clients' interval (on their
+# heartbeats' beat; Eventide's default poll is 0.1 s), so the floor reads as often as they do.
+POLL_SECONDS = 0.15
 
 
 class Beats(Protocol):

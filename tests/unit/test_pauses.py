@@ -5,8 +5,11 @@ their period (with the process's other periodic work, so they cost no wake of th
 import asyncio
 import time
 
-from lbg.aio import sleep_to_multiple
-from lbg.broker.pauses import TICKS_PER_LIMIT, PauseClock
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lbg.aio import BEAT, sleep_to_multiple
+from lbg.broker.pauses import TICKS_PER_LIMIT, PauseClock, tick_period
 
 LIMIT = 0.5
 
@@ -24,7 +27,7 @@ def test_a_live_loop_is_never_taken_for_paused_and_a_blocked_one_is() -> None:
         return worst, paused
 
     worst, paused = asyncio.run(scenario())
-    assert worst < 2 * LIMIT / TICKS_PER_LIMIT, f"a live loop looked paused for {worst:.3f}s"
+    assert worst < 2 * tick_period(LIMIT), f"a live loop looked paused for {worst:.3f}s"
     assert paused > LIMIT
 
 
@@ -40,3 +43,17 @@ def test_sleep_to_multiple_wakes_on_the_wall_clocks_multiples_of_its_period() ->
 
     late = [min(phase, period - phase) for phase in asyncio.run(phases())]
     assert sorted(late)[len(late) // 2] < period / 5, f"phases {late}"
+
+
+def test_the_default_stall_limit_ticks_on_the_heartbeats_beat() -> None:
+    assert tick_period(1.0) == BEAT
+
+
+@given(st.floats(min_value=0.01, max_value=100.0))
+def test_a_tick_is_a_multiple_of_the_beat_where_it_can_be_and_never_too_long(limit: float) -> None:
+    period = tick_period(limit)
+    assert 0 < period <= limit / TICKS_PER_LIMIT * (1 + 1e-9)
+    if limit / TICKS_PER_LIMIT >= BEAT:
+        beats = period / BEAT
+        assert abs(beats - round(beats)) < 1e-6
+        assert period + BEAT > limit / TICKS_PER_LIMIT  # the longest such multiple

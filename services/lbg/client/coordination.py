@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import BEAT, cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import BindingSteering
@@ -46,7 +46,7 @@ class DynamicRole:
     The member fences `lease_margin` before its lease ends, its peers evict that much after
     (see model/lease.py)."""
 
-    heartbeat_interval: float = 0.15
+    heartbeat_interval: float = BEAT
     lease: float = 0.7
     stall_timeout: float = 30.0
     leave_timeout: float = 5.0

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from lbg.aio import cancel_and_wait
+from lbg.aio import BEAT, cancel_and_wait
 from lbg.broker.base import (
     Broker,
     BrokerError,
@@ -51,7 +51,10 @@ from lbg.settings import BrokerSettings
 log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0
-POLL_SECONDS = 0.1
+# On the heartbeats' beat: an idle client's head reads, heartbeats and pause clock wake its
+# loop together (at 0.1 s, with the clock at 0.2 s, 34 wake-ups a second per client at QC
+# 256 x 8; on the beat, 24).
+POLL_SECONDS = BEAT
 STALL_LIMIT = 1.0
 OUTPUT_BATCH = 1000
 SEARCH_PATH = "message_store,public"
