@@ -112,7 +112,7 @@ class PinWatch:
                     log.warning(
                         "stream %s: no shared look for the standbys (%s); each asks for itself",
                         stream,
-                        self._refusal(subject) or exc or "no answer",
+                        self._refusal(subject) or str(exc) or "no answer",
                     )
                 failing, taken = True, set()
             for binding in standbys:
