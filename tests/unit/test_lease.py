@@ -7,7 +7,7 @@ from tests.support.clock import Clock
 
 from lbg.client.membership import MembershipView
 from lbg.model.control import Heartbeat, MemberState
-from lbg.model.lease import LeaseTerms, OwnLease
+from lbg.model.lease import PENDING_BEATS, LeaseTerms, OwnLease
 
 TERMS = LeaseTerms(lease=0.7, margin=0.15)
 INTERVAL = 0.15
@@ -88,6 +88,33 @@ def test_an_unknown_or_repeated_echo_changes_nothing() -> None:
     assert lease.confirmed == 0.0
     lease.echoed(beat)
     assert lease.echoed(beat) is False
+
+
+def test_an_own_heartbeat_is_known_by_its_bytes_as_it_comes_back() -> None:
+    clock = Clock()
+    lease = OwnLease(TERMS, clock)
+    clock.now = 0.05
+    first = lease.sent()
+    lease.went_out_as(first, b"first")
+    clock.now = 0.1
+    assert lease.echo(b"a peer's heartbeat") is None
+    assert lease.echo(b"first") is False
+    assert lease.confirmed == 0.05
+    assert lease.echo(b"first") is None, "each heartbeat comes back once"
+    clock.now = 0.5
+    held_up = lease.sent()
+    lease.went_out_as(held_up, b"held up")
+    clock.now = 1.0
+    assert lease.echo(b"held up") is True, "the lease had lapsed: the caller must fence"
+
+
+def test_only_the_latest_heartbeats_are_known_by_their_bytes() -> None:
+    lease = OwnLease(TERMS, Clock())
+    bodies = [str(n).encode() for n in range(PENDING_BEATS + 1)]
+    for body in bodies:
+        lease.went_out_as(lease.sent(), body)
+    assert lease.echo(bodies[0]) is None
+    assert lease.echo(bodies[1]) is False
 
 
 def test_terms_refuse_a_margin_that_eats_the_lease() -> None:

@@ -341,6 +341,10 @@ class Coordinator:
         self._drop_overrides(self.member, reason)
 
     def _receive(self, body: bytes) -> None:
+        if (lapsed := self.own_lease.echo(body)) is not None:
+            if lapsed:
+                self._lapse("own lease lapsed before this heartbeat came back")
+            return
         key = unnumbered(body)
         known = self._heard.get(key)
         if known is not None and self.view.heartbeat_of(known.member) is known:
@@ -357,7 +361,7 @@ class Coordinator:
         if not isinstance(heartbeat, Heartbeat):
             self._on_control(heartbeat)
             return
-        if heartbeat.member == self.member:
+        if heartbeat.member == self.member:  # (echo knows its own heartbeats' bytes)
             if self.own_lease.echoed(heartbeat.beat):
                 self._lapse("own lease lapsed before this heartbeat came back")
             return
@@ -534,10 +538,9 @@ class Coordinator:
         The broker is asked at every round only about queues a gone or stalled member held
         or an unknown pin holds (the broker itself, not what the binding last heard of the
         pins: a lost notice must not leave a gone owner's pin to the broker's timeout); about
-        a queue that just came here at once; about the others
-        every LOOKUP_LEASES (an unknown pin that appears on a queue this member waits for
-        meanwhile waits that much longer, while the broker's own timeout runs too).
-        """
+        a queue that just came here at once; about the others every LOOKUP_LEASES (an unknown
+        pin on a queue this member waits for then waits that long more, as the broker's own
+        timeout runs too)."""
         stalled_owners = [
             hb for hb in self.view.heartbeats() if hb.owns and hb.state is MemberState.STALLED
         ]
@@ -602,4 +605,6 @@ class Coordinator:
             self._probe_me,
             self.own_lease.terms,
         )
-        await self._broker.publish_control(self._group, heartbeat.encode())
+        body = heartbeat.encode()
+        self.own_lease.went_out_as(beat, body)
+        await self._broker.publish_control(self._group, body)

@@ -71,6 +71,7 @@ class OwnLease:
         self.terms = terms
         self._clock = clock
         self._sent: dict[int, float] = {}
+        self._bodies: dict[bytes, int] = {}  # what each pending heartbeat went out as
         self._next = 0
         self.confirmed: float = clock()
         self.echo_delay = 0.0  # of the newest echo: what the margin must stay well above
@@ -89,6 +90,19 @@ class OwnLease:
         self._sent[self._next] = self._clock()
         self._sent.pop(self._next - PENDING_BEATS, None)
         return self._next
+
+    def went_out_as(self, beat: int, body: bytes) -> None:
+        """Heartbeat `beat` is sent as `body`: its echo is known by these bytes (`echo`), so
+        a member need not parse its own heartbeats as they come back, several a second."""
+        self._bodies[body] = beat
+        if len(self._bodies) > PENDING_BEATS:
+            del self._bodies[next(iter(self._bodies))]
+
+    def echo(self, body: bytes) -> bool | None:
+        """A control message came back: None if it is none of this member's pending
+        heartbeats (`went_out_as`), else as `echoed`."""
+        beat = self._bodies.pop(body, None)
+        return None if beat is None else self.echoed(beat)
 
     def echoed(self, beat: int) -> bool:
         """The broker relayed heartbeat `beat` back. True when a lease held before had lapsed
