@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 import pytest
 
+from lbg.aio import cancel_and_wait
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, Delivery, QueueBinding
 from lbg.broker.messagedb import naming
 from lbg.broker.messagedb.adapter import CLIENT_CONNECTIONS
 from lbg.broker.messagedb.binding import FREED_FALLBACK_SECONDS
 from lbg.broker.messagedb.locks import MemberLocks
-from lbg.broker.messagedb.shared import HOLDERS_SQL
+from lbg.broker.messagedb.shared import HOLDERS_SQL, notify
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -451,3 +452,76 @@ def test_heartbeats_are_heard_again_once_the_listening_connection_is_killed(url:
             await listener.close()
 
     _run(url, scenario)
+
+
+def test_an_idle_holders_reads_of_the_head_ride_on_its_clients_heartbeats(url: str) -> None:
+    """While its client beats, an idle holder's client sends no head read of its own (its
+    head connection stays idle), yet the holder takes a new event at once; once the
+    heartbeats stop, the client reads the head itself again."""
+
+    async def head_read_at() -> object:
+        return await _sql(
+            url, "SELECT query_start FROM pg_stat_activity WHERE application_name = 'fed/head'"
+        )
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        client = await _broker(url, "fed")
+        beating = asyncio.Event()
+        beating.set()
+
+        async def beat() -> None:
+            while True:
+                if beating.is_set():
+                    await client.publish_control(group, b"beat")
+                await asyncio.sleep(0.15)
+
+        beats = asyncio.create_task(beat())
+        try:
+            binding = await client.bind(group, config, 0, "fed")
+            await _until(lambda: binding.active)
+            await asyncio.sleep(1.0)
+            before = await head_read_at()
+            await asyncio.sleep(1.0)
+            assert await head_read_at() == before, "the client read the head between beats"
+            sent = await _publish_to_queue(admin, config, 0, 1)
+            assert [d.body for d in await _take(binding, 1)] == sent
+            beating.clear()
+            await asyncio.sleep(0.6)
+            assert await head_read_at() != before, "no reads of its own once the beats stop"
+            sent = (await _publish_to_queue(admin, config, 0, 2))[1:]  # the first is stored
+            assert [d.body for d in await _take(binding, 1)] == sent
+            await binding.close()
+        finally:
+            await cancel_and_wait(beats)
+            await client.close()
+
+    _run(url, scenario)
+
+
+def test_a_heartbeat_goes_out_when_reading_the_head_with_it_fails(url: str) -> None:
+    """Heartbeats never depend on the head read they carry: in a database without Message
+    DB the read fails, and the message goes out alone."""
+
+    class Holder:
+        head_wanted = True
+        category = "orders"
+
+        def fed_head(self, _started: float, _head: int) -> None:
+            raise AssertionError("no head can be read here")
+
+    async def main() -> None:
+        database = f"bare_{uuid.uuid4().hex[:8]}"
+        await _sql(url, f"CREATE DATABASE {database}")
+        bare = url.rsplit("/", 1)[0] + "/" + database
+        listening, sending = await asyncpg.connect(bare), await asyncpg.connect(bare)
+        heard: list[str] = []
+        try:
+            await listening.add_listener("beats", lambda *args: heard.append(args[-1]))
+            assert await notify(sending, "beats", "alone", [Holder()]) is False
+            await _until(lambda: heard == ["alone"])
+        finally:
+            await listening.close()
+            await sending.close()
+            await _sql(url, f"DROP DATABASE {database}")
+
+    asyncio.run(main())

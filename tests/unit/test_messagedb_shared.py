@@ -139,3 +139,36 @@ def test_a_watch_puts_an_unchanged_read_to_its_waiters_only_once() -> None:
         await watch.close()
 
     asyncio.run(scenario())
+
+
+def test_a_fed_watch_reads_nothing_itself_while_reads_come_and_reads_again_once_they_stop() -> None:
+    """A heartbeat's statement reads the head too (shared.notify): while those reads come, a
+    period apart, the watch judges them and sends no read of its own; once they stop, it
+    reads for itself within FED_WITHIN_PERIODS."""
+
+    async def scenario() -> None:
+        source = Source()
+        period = 0.02
+        watch = Watch(Fresh(source.read), period, "test-watch")
+        woken = asyncio.Event()
+        watch.wake_when(lambda head: head >= 1000, woken)
+
+        async def feed(values: range) -> None:
+            for value in values:
+                watch.fed(time.monotonic(), value)
+                await asyncio.sleep(period)
+
+        await feed(range(100, 110))  # the watch's first read may come before the first feed
+        reads = source.reads
+        assert reads <= 1
+        await feed(range(110, 130))
+        assert source.reads == reads, "the watch read for itself while fed"
+        assert not woken.is_set()
+        await feed(range(1000, 1001))
+        await asyncio.wait_for(woken.wait(), 1)
+        watch.wake_when(lambda head: head >= 3, woken := asyncio.Event())
+        await asyncio.wait_for(woken.wait(), 2)  # the feed stopped: its own reads go on
+        assert source.reads >= reads + 2
+        await watch.close()
+
+    asyncio.run(scenario())

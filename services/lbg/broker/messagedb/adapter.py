@@ -11,7 +11,7 @@ config and output are streams of their own categories.
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import contextlib
 import hashlib
 import logging
@@ -41,7 +41,7 @@ from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
-from lbg.broker.messagedb.shared import HeadReader, Shared
+from lbg.broker.messagedb.shared import HeadReader, Shared, notify
 from lbg.broker.pauses import PauseClock
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -135,6 +135,7 @@ class MessageDbBroker(Broker):
         self._control: asyncpg.Connection | None = None
         self._lost = False
         self._control_lock = asyncio.Lock()
+        self._heads = True  # heartbeats read the category's head too, until that fails once
         self._pauses = PauseClock(STALL_LIMIT)
 
     @classmethod
@@ -473,16 +474,16 @@ class MessageDbBroker(Broker):
         return result
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        """On a connection of its own: heartbeats must not queue behind a busy publisher."""
+        """On a connection of its own: heartbeats must not queue behind a busy publisher. The
+        statement reads the category's head too for the client's idle holders (shared.py)."""
+        shares = [s for (_, g), s in self._shared.items() if g == group] if self._heads else []
         try:
             async with self._control_lock:
                 if self._control is None or self._control.is_closed():
                     self._control = await self._connect(f"{self._name}/heartbeat")
-                await self._control.execute(
-                    "SELECT pg_notify($1, $2)",
-                    control_channel(group),
-                    base64.b64encode(body).decode(),
-                )
+                payload = binascii.b2a_base64(body, newline=False).decode()
+                if not await notify(self._control, control_channel(group), payload, shares):
+                    self._heads = False
             self._connection_ok()
         except DB_ERRORS as exc:
             self._connection_lost(exc)
@@ -495,7 +496,7 @@ class MessageDbBroker(Broker):
 
         def deliver(_conn: object, _pid: int, _channel: str, payload: str) -> None:
             with contextlib.suppress(ValueError):
-                handler(base64.b64decode(payload))
+                handler(binascii.a2b_base64(payload))
 
         conn = await self._listen(channel, deliver)
         keeper = asyncio.create_task(self._keep_listening(channel, deliver, conn))

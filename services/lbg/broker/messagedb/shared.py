@@ -5,15 +5,18 @@ lock, how far the category goes: on a connection of its own, HeadReader), each d
 for all of them. A holder with nothing new to read sleeps until one watcher of the
 category's head sees a position it waits for, or one watcher of the group's generations a
 resize; a preferred standby sleeps until its holder's release wakes it (locks.py) or one
-watcher of the group's holders sees its member free.
+watcher of the group's holders sees its member free. While a coordinator beats, its heartbeat's
+statement reads the head too (`notify`), and the head's watcher reads nothing itself: an
+idle client then sends one statement a beat, not two.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, TypeVar
 
 import asyncpg
@@ -24,6 +27,7 @@ from lbg.broker.messagedb.locks import MemberLocks
 from lbg.model.generations import Generation
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # How old the generations a binding reads may be: a resize is seen this late at most.
 REFRESH_SECONDS = 1.0
@@ -32,6 +36,9 @@ REFRESH_SECONDS = 1.0
 # on RabbitMQ), so this is only the last resort. Each standby looking for itself every 30 s
 # was 7.5 reads of pg_locks a second per client at QC 256 x 8.
 COORDINATED_LOOK_SECONDS = 30.0
+# A watch fed by reads made elsewhere (Watch.fed) waits this many periods for the next one,
+# then reads itself: the feed stopped (no heartbeat went out, or the feeding statement failed).
+FED_WITHIN_PERIODS = 1.5
 
 HOLDERS_SQL = """
 SELECT l.objid::bigint AS member_key, l.pid FROM pg_locks l
@@ -43,6 +50,8 @@ HEAD_SQL = (
     "SELECT COALESCE(max(global_position), 0) FROM message_store.messages"
     " WHERE message_store.category(stream_name) = $1"
 )
+NOTIFY_SQL = "SELECT pg_notify($1, $2)"
+NOTIFY_AND_HEAD_SQL = f"SELECT ({HEAD_SQL.replace('$1', '$3')}), pg_notify($1, $2)"
 
 
 class Fresh(Generic[T]):
@@ -63,14 +72,18 @@ class Fresh(Generic[T]):
             await asyncio.shield(self._task)
         return self._value[1]
 
+    def offer(self, started: float, value: T) -> None:
+        """A read made elsewhere that started at `started`: kept if it is the newest."""
+        if self._value is None or self._value[0] < started:
+            self._value = (started, value)
+
     async def _fetch(self) -> None:
         started = time.monotonic()
         try:
             value = await self._read()
         finally:
             self._task = None
-        if self._value is None or self._value[0] < started:
-            self._value = (started, value)
+        self.offer(started, value)
 
 
 class Watch(Generic[T]):
@@ -79,7 +92,8 @@ class Watch(Generic[T]):
     wall clock's, with the process's other periodic work) while anyone waits, however many.
     A read equal to the last one, with nobody new waiting, wakes nobody and is not put to
     each waiter: the idle case, where asking every holder's condition ten times a second
-    was a third of a client's CPU at QC 1024."""
+    was a third of a client's CPU at QC 1024. Reads made elsewhere a period apart (`fed`)
+    stand in for the watch's own while they come."""
 
     def __init__(self, fresh: Fresh[T], period: float, name: str) -> None:
         self._fresh = fresh
@@ -88,6 +102,20 @@ class Watch(Generic[T]):
         self._waiting: dict[asyncio.Event, Callable[[T], bool]] = {}
         self._task: asyncio.Task[None] | None = None
         self._judged: tuple[T] | None = None  # the read every waiter left was found not ready for
+        self._fed_at = -float("inf")  # when the latest read fed to it started
+        self._feed: asyncio.Future[T] | None = None  # what its loop awaits while fed
+
+    @property
+    def wanted(self) -> bool:
+        """Whether anyone waits: a read fed now would be judged."""
+        return bool(self._waiting)
+
+    def fed(self, started: float, value: T) -> None:
+        """A read made elsewhere, started at `started` (monotonic): judged as the watch's own."""
+        self._fresh.offer(started, value)
+        self._fed_at = max(self._fed_at, started)
+        if self._feed is not None and not self._feed.done():
+            self._feed.set_result(value)
 
     def wake_when(self, ready: Callable[[T], bool], wake: asyncio.Event) -> None:
         self._waiting[wake] = ready
@@ -101,11 +129,7 @@ class Watch(Generic[T]):
     async def _watch(self) -> None:
         try:
             while self._waiting:
-                await sleep_to_multiple(self._period)
-                try:
-                    value = await self._fresh.get(time.monotonic())
-                except Exception:
-                    value = None
+                value = await self._next()
                 if value is not None and self._judged is not None and self._judged[0] == value:
                     continue
                 for wake, ready in list(self._waiting.items()):
@@ -115,6 +139,26 @@ class Watch(Generic[T]):
                 self._judged = None if value is None else (value,)
         finally:
             self._task = None
+
+    async def _next(self) -> T | None:
+        """The next read to judge: the next one fed while they come, else the watch's own on
+        the period's next multiple; None if that one failed."""
+        within = FED_WITHIN_PERIODS * self._period
+        if time.monotonic() - self._fed_at < within:
+            self._feed = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(within):
+                    return await self._feed
+            except TimeoutError:
+                pass
+            finally:
+                self._feed = None
+        else:
+            await sleep_to_multiple(self._period)
+        try:
+            return await self._fresh.get(time.monotonic())
+        except Exception:
+            return None
 
     async def close(self) -> None:
         self._waiting.clear()
@@ -129,7 +173,7 @@ class HeadReader:
 
     def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]], category: str):
         self._connect = connect
-        self._category = category
+        self.category = category
         self._conn: asyncpg.Connection | None = None
 
     async def read(self) -> int:
@@ -137,7 +181,7 @@ class HeadReader:
         (Fresh makes sure), on a new connection once the last one closed."""
         if self._conn is None or self._conn.is_closed():
             self._conn = await self._connect()
-        return int(await self._conn.fetchval(HEAD_SQL, self._category))
+        return int(await self._conn.fetchval(HEAD_SQL, self.category))
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -171,6 +215,19 @@ class Shared:
         )
         self._resize_watch = Watch(self.generations, REFRESH_SECONDS, "messagedb-resize-watcher")
 
+    @property
+    def head_wanted(self) -> bool:
+        """Whether a holder waits for the category's head to move (`notify` reads it then)."""
+        return self._head_watch.wanted
+
+    @property
+    def category(self) -> str:
+        return self._head_reader.category
+
+    def fed_head(self, started: float, head: int) -> None:
+        """The category's head as read elsewhere by a statement started at `started`."""
+        self._head_watch.fed(started, head)
+
     def wake_past(self, position: int, wake: asyncio.Event) -> None:
         """Set `wake` once the category's head reaches `position` (or its read fails)."""
         self._head_watch.wake_when(lambda head: head >= position, wake)
@@ -202,6 +259,31 @@ class Shared:
         for watch in self._watches:
             await watch.close()
         await self._head_reader.close()
+
+
+async def notify(
+    conn: asyncpg.Connection, channel: str, payload: str, shares: Iterable[Shared]
+) -> bool:
+    """Send a control message; in the same statement, read the category's head for each of
+    `shares` whose holders wait for it (their watch is fed: `Watch.fed`). False if that read
+    failed, and the message went out alone: read no heads with it any more (the watches then
+    read for themselves)."""
+    watched = [shared for shared in shares if shared.head_wanted]
+    if not watched:
+        await conn.execute(NOTIFY_SQL, channel, payload)
+        return True
+    started = time.monotonic()
+    try:
+        head = await conn.fetchval(NOTIFY_AND_HEAD_SQL, channel, payload, watched[0].category)
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.OperatorInterventionError):
+            raise
+        log.warning("heartbeats no longer read the category's head (%s)", exc)
+        await conn.execute(NOTIFY_SQL, channel, payload)
+        return False
+    for shared in watched:
+        shared.fed_head(started, int(head))
+    return True
 
 
 async def _holders(db: asyncpg.Pool, lock_class: int) -> dict[int, int]:
