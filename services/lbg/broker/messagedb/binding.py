@@ -78,6 +78,9 @@ class MessageDbBinding(LoopBinding):
     """One client's reader of one consumer-group member: active (lock holder) or standby."""
 
     close_grace = CLOSE_SECONDS
+    # A standby waits by being preferred, running and not active: it stands in no line at the
+    # broker that a lost connection could drop it from.
+    steady_waiting = True
 
     def __init__(
         self,
