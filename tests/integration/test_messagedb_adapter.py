@@ -473,7 +473,7 @@ def test_an_idle_holders_reads_of_the_head_ride_on_its_clients_heartbeats(url: s
             while True:
                 if beating.is_set():
                     await client.publish_control(group, b"beat")
-                await asyncio.sleep(0.15)
+                await asyncio.sleep(0.1)  # well within the watch's patience (1.5 polls)
 
         beats = asyncio.create_task(beat())
         try:
