@@ -8,7 +8,7 @@ import asyncio
 import math
 import time
 
-from lbg.aio import BEAT, cancel_and_wait, sleep_to_multiple
+from lbg.aio import BEAT, until_next
 
 # Ticks per stall limit at least: a live loop is taken for paused only once it runs most of
 # the limit late.
@@ -26,22 +26,26 @@ def tick_period(stall_limit: float) -> float:
 
 class PauseClock:
     """Notes the time on the wall clock's multiples of `tick_period(stall_limit)`, with the
-    process's other periodic work (sleep_to_multiple); the time since the last note is at most
-    a tick plus the loop's lag unless the process stopped, so a pause past the limit is seen."""
+    process's other periodic work (as sleep_to_multiple); the time since the last note is at
+    most a tick plus the loop's lag unless the process stopped, so a pause past the limit is
+    seen. A chain of timer callbacks, not a task: a tick resumes no coroutine and makes no
+    future, several times a second in every idle client."""
 
     def __init__(self, stall_limit: float) -> None:
         self._period = tick_period(stall_limit)
-        self._last = time.monotonic()
-        self._task = asyncio.create_task(self._tick(), name="pause-clock")
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick()
 
-    async def _tick(self) -> None:
-        while True:
-            self._last = time.monotonic()
-            await sleep_to_multiple(self._period)
+    def _tick(self) -> None:
+        self._last = time.monotonic()
+        self._timer = self._loop.call_later(until_next(self._period), self._tick)
 
     def paused_for(self) -> float:
         """Seconds since the last tick: past the stall limit only if the process was paused."""
         return time.monotonic() - self._last
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from lbg.aio import cancel_and_wait, gather_bounded, sleep_to_multiple, until_next
 from lbg.broker.base import Broker, BrokerError, Delivery, ParkedEvent, QueueBinding, broker_trouble
+from lbg.client.cadence import wait_until
 from lbg.client.coordination import (
     DynamicRole,
     GroupCoordinator,
@@ -226,10 +227,7 @@ class LbgClient:
         """Read the group's config when a newer generation is heard of (a member's heartbeat,
         cg-admin's control message) and every CONFIG_CHECK_SECONDS anyway; adopt a new size."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._config_changed.wait(), until_next(CONFIG_CHECK_SECONDS)
-                )
+            await wait_until(until_next(CONFIG_CHECK_SECONDS), self._config_changed)
             self._config_changed.clear()
             try:
                 config = await self._broker.read_group(self._group)
