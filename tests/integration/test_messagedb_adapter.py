@@ -5,6 +5,7 @@ queue count."""
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -450,6 +451,37 @@ def test_heartbeats_are_heard_again_once_the_listening_connection_is_killed(url:
             await unsubscribe()
         finally:
             await listener.close()
+
+    _run(url, scenario)
+
+
+def test_a_heartbeat_connection_closed_between_beats_is_logged_as_lost_and_regained(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database restart that falls between two beats fails no heartbeat (the next one
+    connects again), yet the client says it lost the broker and is back, as it does when a
+    beat fails: an operator reading the logs sees every restart."""
+
+    async def scenario(_admin: Broker, _config: GroupConfig, group: str) -> None:
+        name = f"beater-{uuid.uuid4().hex[:6]}"
+        beater = await _broker(url, name)
+        try:
+            await beater.publish_control(group, b"before")
+            killed = await _sql(
+                url,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = $1",
+                f"{name}/heartbeat",
+            )
+            assert killed == 1
+            await asyncio.sleep(0.2)  # the client sees the connection close
+            with caplog.at_level(logging.INFO, logger="lbg.broker.messagedb.adapter"):
+                await beater.publish_control(group, b"after")
+        finally:
+            await beater.close()
+        said = [record.getMessage() for record in caplog.records]
+        assert any(line.startswith("broker connection lost") for line in said), said
+        assert "reconnected to the broker" in said
 
     _run(url, scenario)
 

@@ -480,6 +480,8 @@ class MessageDbBroker(Broker):
         try:
             async with self._control_lock:
                 if self._control is None or self._control.is_closed():
+                    if self._control is not None:  # a restart between two beats: say so too
+                        self._connection_lost(ConnectionError("the heartbeat connection closed"))
                     self._control = await self._connect(f"{self._name}/heartbeat")
                 payload = binascii.b2a_base64(body, newline=False).decode()
                 if not await notify(self._control, control_channel(group), payload, shares):
