@@ -57,6 +57,7 @@ class NatsBeats:
             heard()
 
         await nc.subscribe(subject, cb=on_beat)
+        await nc.flush()  # the server has the subscription before any member's first beat
         return cls(nc, subject)
 
     async def publish(self, body: bytes) -> None:
