@@ -14,7 +14,8 @@ from lbg.broker.base import Broker, BrokerError
 from lbg.broker.memory import memory_store, reset_memory_brokers
 from lbg.broker.memory.binding import MemoryQueueBinding
 from lbg.client import coordinator as coordinator_module
-from lbg.client.coordinator import LOOKUP_LEASES, Coordinator
+from lbg.client.coordinator import Coordinator
+from lbg.client.eviction import LOOKUP_LEASES
 from lbg.client.steering import BindingSteering
 from lbg.model.control import Heartbeat, MemberState, decode_control, encode_sync
 from lbg.model.group import GroupConfig

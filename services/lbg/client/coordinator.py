@@ -4,7 +4,7 @@ Each member heartbeats (its state, the queues it serves with their pins, the que
 ready for), keeps a view of the others, and computes the same balanced, sticky assignment.
 It then only steers: it prefers the queues assigned to it, releases a queue once its new
 owner stands ready (a planned handover), evicts a gone or stalled owner instead of waiting
-for the broker's timeout, and fences itself when the broker has not relayed its own
+for the broker's timeout (eviction.py), and fences itself when the broker has not relayed its own
 heartbeats back for most of the lease (it was stalled or cut off): model/lease.py says why it
 thereby stops before any peer may evict it. The broker's exclusivity keeps one consumer per
 queue whatever the views say.
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from lbg.aio import cancel_requested, until_next
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.cadence import ExtraRound, LateRounds, wait_until
+from lbg.client.eviction import GoneOwners
 from lbg.client.membership import MembershipView
 from lbg.client.presence import PresenceProbes
 from lbg.client.steering import Holding, Steering
@@ -56,11 +57,6 @@ log = logging.getLogger(__name__)
 
 # How often a joining member looks whether it has heard the group yet.
 JOIN_LISTEN_STEP = 0.01
-# A queue assigned here but held by nobody this member knows of is looked up at the broker
-# when it comes to this member, then this many leases apart (at every round once an unknown
-# pin is seen, or its owner is gone or stalled), so an idle member does not keep asking the
-# broker about every queue it waits for.
-LOOKUP_LEASES = 10.0
 # A round due at a peer's lease end runs this much after it, so the lease has surely lapsed.
 EXPIRY_SLACK = 0.005
 # A queue is handed only to a member heard from since this many intervals before this
@@ -114,14 +110,10 @@ class Coordinator:
         self.desired: dict[int, str] = {}
         self._with_standbys = standbys
         self.standbys: dict[int, str] = {}
-        self._gone_pins: dict[str, float] = {}
-        self._gone_queues: dict[int, float] = {}
-        self._looked: dict[int, float] = {}
-        self._lookups_due = -float("inf")  # when the next periodic lookup may be due
         self._assigned: tuple[object, ...] | None = None
         self._mine: tuple[int, ...] = ()  # the queues assigned here
         self._wanted: tuple[int, ...] = ()  # and those this member stands by for
-        self._unknown: dict[int, tuple[str, float]] = {}
+        self._gone_owners = GoneOwners(self.view, steering, clock)
         self._unsubscribe: Callable[[], object] | None = None
         self.overrides = OverrideBook(clock)
         self._last_gossip = -float("inf")
@@ -150,12 +142,6 @@ class Coordinator:
     @property
     def lease(self) -> float:
         return self.view.lease
-
-    @property
-    def _evict_unclaimed(self) -> float:
-        """How long a pin nobody claims waits: its holder, whoever it is, has stopped by then
-        (lease + margin when every member runs the same terms)."""
-        return self.view.longest_fence_delay() + 2 * self.view.margin
 
     def lease_ok(self) -> bool:
         """True while the broker relayed this member's heartbeats back recently enough: it
@@ -291,7 +277,7 @@ class Coordinator:
             self._lapse("own heartbeats lapsed (this member was stalled or cut off)")
         else:
             self._lapse_told = False
-        now = self._round_at = self._clock()
+        self._round_at = self._clock()
         current = self.own_lease.view_current()
         for heartbeat in self.view.expire() if current else []:
             self._forget(heartbeat, "lease lapsed")
@@ -299,23 +285,17 @@ class Coordinator:
             self._probes.ask()
         for override in self.overrides.drop_unknown(self._known, self.lease):
             log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
-        self._gone_pins = {p: t for p, t in self._gone_pins.items() if now - t < 20 * self.lease}
-        self._gone_queues = {
-            q: t for q, t in self._gone_queues.items() if now - t < 20 * self.lease
-        }
         held = self.rebalance()
         await self._beat(held)
         await self._gossip()
         await self._ask_syncs()
         if current:
-            await self._evict_gone_owners(held)
+            await self._gone_owners.evict(self._mine, held, self.lease)
 
     def _forget(self, heartbeat: Heartbeat, why: str) -> None:
         """A member is gone: its queues go to the others, its pins are evicted."""
         log.info("member %s is gone (%s)", heartbeat.member, why)
-        now = self._clock()
-        self._gone_pins.update(dict.fromkeys(heartbeat.owns.values(), now))
-        self._gone_queues.update(dict.fromkeys(heartbeat.owns, now))
+        self._gone_owners.forget(heartbeat)
         self._drop_overrides(heartbeat.member, "gone")
 
     def _connection_lost(self) -> None:
@@ -342,8 +322,7 @@ class Coordinator:
 
     def _receive(self, body: bytes) -> None:
         if (lapsed := self.own_lease.echo(body)) is not None:
-            if lapsed:
-                self._lapse("own lease lapsed before this heartbeat came back")
+            self._echoed(lapsed)
             return
         key = unnumbered(body)
         known = self._heard.get(key)
@@ -362,8 +341,7 @@ class Coordinator:
             self._on_control(heartbeat)
             return
         if heartbeat.member == self.member:  # (echo knows its own heartbeats' bytes)
-            if self.own_lease.echoed(heartbeat.beat):
-                self._lapse("own lease lapsed before this heartbeat came back")
+            self._echoed(self.own_lease.echoed(heartbeat.beat))
             return
         self._hear_generation(heartbeat.generation)
         before = self.view.heartbeat_of(heartbeat.member)
@@ -382,6 +360,12 @@ class Coordinator:
             or heartbeat.member in self._handover_waits_for
         ):
             self.rebalance()
+
+    def _echoed(self, lapsed: bool) -> None:
+        """One of this member's own heartbeats came back (renewing its lease, unless that
+        lapsed before)."""
+        if lapsed:
+            self._lapse("own lease lapsed before this heartbeat came back")
 
     def _remember(self, key: bytes, heartbeat: Heartbeat) -> None:
         """Keep an active member's word, once its queues are known, for when it says it again
@@ -483,9 +467,7 @@ class Coordinator:
             self.standbys = standby_assignment(*inputs) if self._with_standbys else {}
             self._assigned = inputs
             mine = tuple(sorted(q for q, m in self.desired.items() if m == self.member))
-            for queue in set(mine).difference(self._mine):
-                self._looked.pop(queue, None)  # new here: ask who holds it at once
-                self._lookups_due = -float("inf")
+            self._gone_owners.came_here(set(mine).difference(self._mine))
             self._mine = mine
             standing = (q for q, m in self.standbys.items() if m == self.member)
             self._wanted = tuple(sorted({*mine, *standing}))
@@ -527,61 +509,6 @@ class Coordinator:
         ):
             return False
         return queue in heartbeat.wants
-
-    async def _evict_gone_owners(self, held: dict[int, Holding]) -> None:
-        """Take over queues assigned here whose broker owner is gone, stalled or unknown.
-
-        A pin of a member whose lease lapsed, or of a stalled member, is evicted at once; a
-        pin nobody claims only once it stayed unclaimed for a lease and its margin (its owner
-        may have just taken the queue and been cut off before saying so: its own lease
-        rests on a heartbeat sent no later than it saw the pin, so it has stopped by then).
-        The broker is asked at every round only about queues a gone or stalled member held
-        or an unknown pin holds (the broker itself, not what the binding last heard of the
-        pins: a lost notice must not leave a gone owner's pin to the broker's timeout); about
-        a queue that just came here at once; about the others every LOOKUP_LEASES (an unknown
-        pin on a queue this member waits for then waits that long more, as the broker's own
-        timeout runs too)."""
-        stalled_owners = [
-            hb for hb in self.view.heartbeats() if hb.owns and hb.state is MemberState.STALLED
-        ]
-        stalled = {pin for hb in stalled_owners for pin in hb.owns.values()}
-        suspects = {
-            *self._gone_queues,
-            *self._unknown,
-            *(q for hb in stalled_owners for q in hb.owns),
-        }
-        now = self._clock()
-        if not suspects and now < self._lookups_due:
-            return  # (most rounds: no need to look at each queue waited for)
-        due = [
-            queue
-            for queue in self._mine
-            if not ((holding := held.get(queue)) and holding.active)
-            and (
-                queue in suspects
-                or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * self.lease
-            )
-        ]
-        self._looked.update(dict.fromkeys(due, now))
-        looked = (self._looked.get(queue, -float("inf")) for queue in self._mine)
-        self._lookups_due = min(looked, default=float("inf")) + LOOKUP_LEASES * self.lease
-        if not due and not self._unknown:
-            return
-        live = self.view.pins()
-        pins = await asyncio.gather(
-            *(self._steering.pinned_by(queue, fresh=queue in suspects) for queue in due)
-        )
-        unknown: dict[int, tuple[str, float]] = {}
-        for queue, pin in zip(due, pins, strict=True):
-            if pin is None or (pin in live and pin not in stalled):
-                continue
-            seen_pin, since = self._unknown.get(queue, (pin, now))
-            since = since if seen_pin == pin else now
-            if pin in self._gone_pins or pin in stalled or now - since >= self._evict_unclaimed:
-                await self._steering.evict(queue, pin)
-            else:
-                unknown[queue] = (pin, since)
-        self._unknown = unknown
 
     async def _beat(self, held: dict[int, Holding] | None = None) -> None:
         holdings = self._steering.holdings() if held is None else held
