@@ -455,6 +455,51 @@ def test_heartbeats_are_heard_again_once_the_listening_connection_is_killed(url:
     _run(url, scenario)
 
 
+def test_a_clients_heartbeats_go_out_and_come_back_on_one_connection(url: str) -> None:
+    """A client that beats and listens holds one control connection, not two: its own
+    heartbeat comes back on the connection that sent it, as do the others'; once that
+    connection is killed, the client listens again without waiting for a beat of its own."""
+
+    async def control_connections(name: str) -> list[str]:
+        rows = await _sql(
+            url,
+            "SELECT array_agg(application_name ORDER BY application_name) FROM pg_stat_activity"
+            " WHERE application_name LIKE $1",
+            f"{name}/%",
+        )
+        return [app for app in rows or [] if not app.endswith(("/head", "/locks"))]
+
+    async def scenario(admin: Broker, _config: GroupConfig, group: str) -> None:
+        name = f"member-{uuid.uuid4().hex[:6]}"
+        client = await _broker(url, name)
+        heard: list[bytes] = []
+        try:
+            unsubscribe = await client.subscribe_control(group, heard.append)
+            await client.publish_control(group, b"own")
+            await admin.publish_control(group, b"peer")
+            await _until(lambda: {b"own", b"peer"} <= set(heard))
+            assert await control_connections(name) == [f"{name}/control"]
+            await _sql(
+                url,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = $1",
+                f"{name}/control",
+            )
+
+            async def peer_beats_until_heard() -> None:
+                while b"peer again" not in heard:
+                    await admin.publish_control(group, b"peer again")
+                    await asyncio.sleep(0.1)
+
+            await asyncio.wait_for(peer_beats_until_heard(), 5)
+            assert await control_connections(name) == [f"{name}/control"]
+            await unsubscribe()
+        finally:
+            await client.close()
+
+    _run(url, scenario)
+
+
 def test_a_heartbeat_connection_closed_between_beats_is_logged_as_lost_and_regained(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -471,7 +516,7 @@ def test_a_heartbeat_connection_closed_between_beats_is_logged_as_lost_and_regai
                 url,
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE application_name = $1",
-                f"{name}/heartbeat",
+                f"{name}/control",
             )
             assert killed == 1
             await asyncio.sleep(0.2)  # the client sees the connection close

@@ -50,4 +50,4 @@ def test_a_full_server_is_refused_in_one_line_that_says_what_a_group_needs() -> 
     message = asyncio.run(connect())
     assert "\n" not in message
     assert "too many clients" in message
-    assert "max_connections" in message and "clients x 11" in message
+    assert "max_connections" in message and "clients x 10" in message

@@ -82,7 +82,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 # fourth reader in the pool, so a group still needs as many connections as before).
 POOL_SIZE = 4
 READERS_SIZE = 3
-CLIENT_CONNECTIONS = POOL_SIZE + READERS_SIZE + 4
+CLIENT_CONNECTIONS = POOL_SIZE + READERS_SIZE + 3
 # What a refused connection means here.
 TOO_MANY_CONNECTIONS = (
     "PostgreSQL's max_connections is reached: every lbg-client holds up to"
@@ -133,6 +133,8 @@ class MessageDbBroker(Broker):
         self._shared: dict[tuple[str, str], Shared] = {}
         self._configs: dict[str, GroupConfig] = {}
         self._control: asyncpg.Connection | None = None
+        self._hearing: dict[str, Callable[..., None]] = {}  # control channel -> its listener
+        self._keeper: asyncio.Task[None] | None = None
         self._lost = False
         self._control_lock = asyncio.Lock()
         self._heads = True  # heartbeats read the category's head too, until that fails once
@@ -172,6 +174,8 @@ class MessageDbBroker(Broker):
 
     async def close(self) -> None:
         await self._pauses.close()
+        if self._keeper is not None:
+            await cancel_and_wait(self._keeper)
         if self._control is not None:
             with contextlib.suppress(Exception):
                 await self._control.close(timeout=2)
@@ -474,17 +478,15 @@ class MessageDbBroker(Broker):
         return result
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        """On a connection of its own: heartbeats must not queue behind a busy publisher. The
-        statement reads the category's head too for the client's idle holders (shared.py)."""
+        """On the control connection (`_control_line`): heartbeats must not queue behind a
+        busy publisher. The statement reads the category's head too for the client's idle
+        holders (shared.py)."""
         shares = [s for (_, g), s in self._shared.items() if g == group] if self._heads else []
         try:
             async with self._control_lock:
-                if self._control is None or self._control.is_closed():
-                    if self._control is not None:  # a restart between two beats: say so too
-                        self._connection_lost(ConnectionError("the heartbeat connection closed"))
-                    self._control = await self._connect(f"{self._name}/heartbeat")
+                conn = await self._control_line()
                 payload = binascii.b2a_base64(body, newline=False).decode()
-                if not await notify(self._control, control_channel(group), payload, shares):
+                if not await notify(conn, control_channel(group), payload, shares):
                     self._heads = False
             self._connection_ok()
         except DB_ERRORS as exc:
@@ -503,38 +505,57 @@ class MessageDbBroker(Broker):
                 return
             handler(body)
 
-        conn = await self._listen(channel, deliver)
-        keeper = asyncio.create_task(self._keep_listening(channel, deliver, conn))
+        try:
+            async with self._control_lock:
+                conn = await self._control_line()
+                await conn.add_listener(channel, deliver)
+                self._hearing[channel] = deliver
+        except DB_ERRORS as exc:
+            raise BrokerError(f"cannot subscribe to heartbeats: {_reason(exc)}") from None
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep_hearing(), name="messagedb-control")
 
         async def unsubscribe() -> None:
-            await cancel_and_wait(keeper)
+            if self._hearing.pop(channel, None) is not None and self._control is not None:
+                with contextlib.suppress(*DB_ERRORS):
+                    await self._control.remove_listener(channel, deliver)
 
         return unsubscribe
 
-    async def _listen(self, channel: str, deliver: Callable[..., None]) -> asyncpg.Connection:
+    async def _control_line(self) -> asyncpg.Connection:
+        """The one connection a client's heartbeats go out and come back on (under
+        `_control_lock`): its own come back with the reply to the statement that sent them,
+        in one wake-up, and it holds one connection less. Connected again, and listening to
+        every group subscribed to, once it closed (a restart between two beats says so)."""
+        conn = self._control
+        if conn is not None and not conn.is_closed():
+            return conn
+        if conn is not None:
+            self._connection_lost(ConnectionError("the control connection closed"))
+        conn = await self._connect(f"{self._name}/control")
         try:
-            conn = await self._connect(f"{self._name}/control")
-            await conn.add_listener(channel, deliver)
-        except DB_ERRORS as exc:
-            raise BrokerError(f"cannot subscribe to heartbeats: {_reason(exc)}") from None
-        return conn
-
-    async def _keep_listening(
-        self, channel: str, deliver: Callable[..., None], conn: asyncpg.Connection
-    ) -> None:
-        """Listen again whenever the connection goes (a database restart)."""
-        try:
-            while True:
-                await _closed(conn)
-                try:
-                    conn = await self._listen(channel, deliver)
-                    log.info("heartbeat subscription on '%s' restored", channel)
-                except BrokerError as exc:
-                    log.warning("cannot restore the heartbeat subscription yet: %s", exc)
-                    await asyncio.sleep(1.0)
-        finally:
+            for channel, deliver in self._hearing.items():
+                await conn.add_listener(channel, deliver)
+        except BaseException:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+            raise
+        self._control = conn
+        return conn
+
+    async def _keep_hearing(self) -> None:
+        """Listen again as soon as the control connection goes (a database restart), whether
+        or not a heartbeat goes out meanwhile."""
+        while True:
+            if (conn := self._control) is not None and not conn.is_closed():
+                await _closed(conn)
+            try:
+                async with self._control_lock:
+                    await self._control_line()
+                self._connection_ok()
+            except DB_ERRORS as exc:
+                self._connection_lost(exc)
+                await asyncio.sleep(1.0)
 
     def parking(self, group: str) -> ParkingLot:
         return MessageDbParkingLot(self.pool, group, DB_ERRORS)
