@@ -14,6 +14,7 @@ class FakeBinding:
     """Only what steering reads and sets of a binding; counts the reads of `active`."""
 
     steady_waiting = True
+    steady_active = False
 
     is_active: bool = False
     preferred: bool = False
@@ -143,3 +144,61 @@ def test_a_binding_still_waiting_though_no_longer_preferred_is_read_every_round(
     bindings[0].preferred = True  # still in the line, leaving
     clock.now += 0.15
     assert steer.holdings() == {0: Holding(False, None, True)}
+
+
+def serving_and_waiting(
+    clock: Clock, steady_active: bool
+) -> tuple[dict[int, FakeBinding], BindingSteering]:
+    """An idle member of a QC 64 group: it serves queues 0-7 (each said it became active) and
+    waits for 8-15 as their preferred standby; its bindings are `steady_active` or not."""
+    bindings = {q: FakeBinding() for q in range(64)}
+    for binding in bindings.values():
+        binding.steady_active = steady_active  # type: ignore[misc]
+    steer = steering(bindings, clock)
+    steer.holdings()
+    steer.prefer_only(list(range(16)))
+    for queue in range(8):
+        bindings[queue].is_active = True
+        steer.changed(queue)
+    clock.now += 0.05
+    assert set(steer.holdings()) == set(range(16))
+    return bindings, steer
+
+
+def test_an_idle_members_rounds_read_no_binding_while_what_it_holds_is_steady() -> None:
+    """Where an active binding stops being so only with a word (Message DB), rounds between
+    the waiting reads read nothing at all; a word, or a request of the steering's, brings the
+    next round back to reading, and the waiting read comes all the same."""
+    clock = Clock(10)
+    bindings, steer = serving_and_waiting(clock, steady_active=True)
+    reads = sum(b.reads for b in bindings.values())
+    for _ in range(5):  # rounds within the second
+        clock.now += 0.15
+        assert steer.holdings() == {
+            **{q: Holding(True, "pin", False) for q in range(8)},
+            **{q: Holding(False, None, True) for q in range(8, 16)},
+        }
+    assert sum(b.reads for b in bindings.values()) == reads, "a steady round read a binding"
+    bindings[3].is_active = False
+    steer.changed(3)
+    clock.now += 0.05
+    assert steer.holdings()[3] == Holding(False, None, True), "a change is read at once"
+    reads = bindings[0].reads
+    steer.release(0)
+    clock.now += 0.05
+    steer.holdings()
+    assert bindings[0].reads == reads + 1, "a released queue was not read at the next round"
+    bindings[1].is_active = False  # stops without a word (it must not: seen all the same)
+    clock.now += BindingSteering.WAITING_READ_SECONDS
+    held = steer.holdings()
+    assert held[1] == Holding(False, None, True), "a silent change is seen within the waiting read"
+
+
+def test_an_active_binding_that_may_stop_unheard_is_read_every_round() -> None:
+    """Where a computed condition ends the activity (NATS's stalled pulls), an active binding
+    is read at every round as before."""
+    clock = Clock(10)
+    bindings, steer = serving_and_waiting(clock, steady_active=False)
+    bindings[2].is_active = False  # its stall, which no listener hears
+    clock.now += 0.15
+    assert steer.holdings()[2] == Holding(False, None, True)

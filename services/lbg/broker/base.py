@@ -183,6 +183,11 @@ class QueueBinding(abc.ABC):
     # waiting as still waiting for a while without reading it (client/steering.py). Not where
     # a lost connection or consumer ends the wait by itself.
     steady_waiting: ClassVar[bool] = False
+    # `active` and `pin` change only as its state listener hears (it becomes active or stops
+    # being so): a coordinator may take a binding it found active as still active, with the
+    # same pin, for a while without reading it. Not where a computed condition (a stall)
+    # ends the activity unheard.
+    steady_active: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

@@ -85,7 +85,10 @@ class BindingSteering:
     rounds read every queue it waits for otherwise): it stops waiting by becoming active (it
     says so), by being told otherwise (here), or by being replaced or having its consumer
     switched in a resize (seen within that time); one that does not wait yet is read every
-    round, so a new standby is heard of at once."""
+    round, so a new standby is heard of at once. Where every binding found holding something
+    is steady so (an active one `steady_active`: Message DB) and nothing changed or was asked
+    of them since, a round reads none of them until the waiting read is due: what an idle
+    member holds is then a lookup, not a read of each queue it serves or waits for."""
 
     FULL_READ_SECONDS = 5.0
     WAITING_READ_SECONDS = 1.0
@@ -103,9 +106,13 @@ class BindingSteering:
         self._watched: set[int] = set()  # held something at the last read, or changed since
         self._waiting: dict[int, QueueBinding] = {}  # found waiting at the last read
         self._read_all = self._read_waiting = -float("inf")
+        self._held: dict[int, Holding] = {}  # what the last read found
+        self._steady = False  # ... and that it holds until a change or a waiting read
 
     def holdings(self) -> dict[int, Holding]:
         now = self._clock()
+        if self._steady and now - self._read_waiting < self.WAITING_READ_SECONDS:
+            return self._held
         known: dict[int, QueueBinding] = {}
         if now - self._read_all >= self.FULL_READ_SECONDS:
             self._read_all = self._read_waiting = now
@@ -135,10 +142,30 @@ class BindingSteering:
                 held[queue] = WAITING  # no pin while not active
         self._watched = {queue for queue, holding in held.items() if holding.active}
         self._waiting = {q: self._bindings[q] for q, h in held.items() if h.waiting}
+        self._held, self._steady = held, self._holds_steadily(held)
         return held
+
+    def _holds_steadily(self, held: dict[int, Holding]) -> bool:
+        """Whether what `held` says can only change with a word from a binding or a request
+        of the steering's: every preferred binding holds something, and each binding that
+        does is steadily active or steadily waiting as preferred."""
+        preferred = self._preferred
+        if not preferred.keys() <= held.keys():
+            return False
+        for queue, holding in held.items():
+            binding = self._bindings[queue]
+            steady = (
+                binding.steady_active
+                if holding.active
+                else binding.steady_waiting and preferred.get(queue) is binding
+            )
+            if not steady:
+                return False
+        return True
 
     def changed(self, queue: int) -> None:
         self._watched.add(queue)
+        self._steady = False
 
     def prefer_only(self, queues: Collection[int]) -> bool:
         told, changed, wanted = self._preferred, False, set(queues)
@@ -153,22 +180,27 @@ class BindingSteering:
                 binding.set_preferred(True)
                 told[queue] = binding
                 changed = True
+        self._steady = self._steady and not changed
         return changed
 
     def release(self, queue: int) -> None:
+        self._steady = False
         self._request_release(queue)
 
     def step_out(self, queue: int) -> None:
+        self._steady = False
         if (binding := self._bindings.get(queue)) is not None:
             binding.step_out()
 
     def fence_all(self, reason: str) -> None:
+        self._steady = False
         for binding in list(self._bindings.values()):
             if binding.active:
                 binding.fence(reason)
 
     def suspend_all(self, suspended: bool, reason: str) -> None:
         self._read_waiting = -float("inf")  # a suspended binding no longer waits
+        self._steady = False
         for binding in list(self._bindings.values()):
             if suspended:
                 binding.fence(reason)

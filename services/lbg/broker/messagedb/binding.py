@@ -81,6 +81,9 @@ class MessageDbBinding(LoopBinding):
     # A standby waits by being preferred, running and not active: it stands in no line at the
     # broker that a lost connection could drop it from.
     steady_waiting = True
+    # It stops being active only through `_lose` (its lock connection's end included), which
+    # its listener hears; its pin is that connection's pid, the same while it is active.
+    steady_active = True
 
     def __init__(
         self,
