@@ -172,3 +172,20 @@ def test_a_fed_watch_reads_nothing_itself_while_reads_come_and_reads_again_once_
         await watch.close()
 
     asyncio.run(scenario())
+
+
+def test_a_fed_read_wakes_its_waiters_where_it_is_made() -> None:
+    """A heartbeat's statement that reads a head a holder waits for wakes that holder in the
+    same step, with no turn of the watch's own loop (an idle client's wake-ups are its cost)."""
+
+    async def scenario() -> None:
+        watch = Watch(Fresh(Source().read), 0.02, "test-watch")
+        woken = asyncio.Event()
+        watch.wake_when(lambda head: head >= 1000, woken)
+        watch.fed(time.monotonic(), 5)
+        assert not woken.is_set()
+        watch.fed(time.monotonic(), 1000)
+        assert woken.is_set(), "the fed read was judged later, not as it came"
+        await watch.close()
+
+    asyncio.run(scenario())

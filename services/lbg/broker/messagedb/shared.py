@@ -93,7 +93,9 @@ class Watch(Generic[T]):
     A read equal to the last one, with nobody new waiting, wakes nobody and is not put to
     each waiter: the idle case, where asking every holder's condition ten times a second
     was a third of a client's CPU at QC 1024. Reads made elsewhere a period apart (`fed`)
-    stand in for the watch's own while they come."""
+    stand in for the watch's own while they come: each is judged where it is made, and the
+    watch's loop sleeps until they stop (a timer each feed moves), so a fed watch costs no
+    wake-up of its own."""
 
     def __init__(self, fresh: Fresh[T], period: float, name: str) -> None:
         self._fresh = fresh
@@ -102,8 +104,9 @@ class Watch(Generic[T]):
         self._waiting: dict[asyncio.Event, Callable[[T], bool]] = {}
         self._task: asyncio.Task[None] | None = None
         self._judged: tuple[T] | None = None  # the read every waiter left was found not ready for
-        self._fed_at = -float("inf")  # when the latest read fed to it started
-        self._feed: asyncio.Future[T] | None = None  # what its loop awaits while fed
+        self._fed_until = -float("inf")  # feeds stand in for the watch's own reads until then
+        self._unfed = asyncio.Event()  # set once they stopped (by `_stale_timer`)
+        self._stale_timer: asyncio.TimerHandle | None = None
 
     @property
     def wanted(self) -> bool:
@@ -111,11 +114,17 @@ class Watch(Generic[T]):
         return bool(self._waiting)
 
     def fed(self, started: float, value: T) -> None:
-        """A read made elsewhere, started at `started` (monotonic): judged as the watch's own."""
+        """A read made elsewhere, started at `started` (monotonic): judged now, as the
+        watch's own would be; the watch reads for itself again FED_WITHIN_PERIODS after the
+        newest feed."""
         self._fresh.offer(started, value)
-        self._fed_at = max(self._fed_at, started)
-        if self._feed is not None and not self._feed.done():
-            self._feed.set_result(value)
+        self._fed_until = max(self._fed_until, started + FED_WITHIN_PERIODS * self._period)
+        if self._stale_timer is not None:
+            self._stale_timer.cancel()
+        self._stale_timer = asyncio.get_running_loop().call_later(
+            self._fed_until - time.monotonic(), self._unfed.set
+        )
+        self._judge(value)
 
     def wake_when(self, ready: Callable[[T], bool], wake: asyncio.Event) -> None:
         self._waiting[wake] = ready
@@ -129,39 +138,35 @@ class Watch(Generic[T]):
     async def _watch(self) -> None:
         try:
             while self._waiting:
-                value = await self._next()
-                if value is not None and self._judged is not None and self._judged[0] == value:
+                if self._fed_until > time.monotonic():
+                    self._unfed.clear()
+                    await self._unfed.wait()
                     continue
-                for wake, ready in list(self._waiting.items()):
-                    if value is None or ready(value):
-                        del self._waiting[wake]
-                        wake.set()
-                self._judged = None if value is None else (value,)
+                await sleep_to_multiple(self._period)
+                if self._fed_until > time.monotonic():
+                    continue  # fed meanwhile
+                try:
+                    value: T | None = await self._fresh.get(time.monotonic())
+                except Exception:
+                    value = None
+                self._judge(value)
         finally:
             self._task = None
 
-    async def _next(self) -> T | None:
-        """The next read to judge: the next one fed while they come, else the watch's own on
-        the period's next multiple; None if that one failed."""
-        within = FED_WITHIN_PERIODS * self._period
-        if time.monotonic() - self._fed_at < within:
-            self._feed = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(within):
-                    return await self._feed
-            except TimeoutError:
-                pass
-            finally:
-                self._feed = None
-        else:
-            await sleep_to_multiple(self._period)
-        try:
-            return await self._fresh.get(time.monotonic())
-        except Exception:
-            return None
+    def _judge(self, value: T | None) -> None:
+        """Wake the waiters `value` is ready for (all of them if None: the read failed)."""
+        if value is not None and self._judged is not None and self._judged[0] == value:
+            return
+        for wake, ready in list(self._waiting.items()):
+            if value is None or ready(value):
+                del self._waiting[wake]
+                wake.set()
+        self._judged = None if value is None else (value,)
 
     async def close(self) -> None:
         self._waiting.clear()
+        if self._stale_timer is not None:
+            self._stale_timer.cancel()
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await cancel_and_wait(self._task)
