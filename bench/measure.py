@@ -269,11 +269,18 @@ async def run_per_broker(
 ) -> dict[str, dict[str, Any]]:
     """The whole scenario on each broker in turn; a failed one gets {"error": ...}, the rest run.
 
-    SIGTERM cancels like Ctrl-C, so every daemon and private broker is stopped on the way out.
+    SIGTERM cancels like Ctrl-C, so every daemon and private broker is stopped on the way out;
+    a second SIGTERM (`timeout` passes one on as `pkill` sends its own) does not cancel that
+    cleanup, which left clients running.
     """
     task = asyncio.current_task()
     if task is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+        def cancel_once() -> None:
+            if not task.cancelling():
+                task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, cancel_once)
     results: dict[str, dict[str, Any]] = {}
     for kind in kinds:
         folder = workdir / kind
