@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from lbg.aio import BEAT, cancel_and_wait
+from lbg.aio import BEAT
 from lbg.broker.base import (
     Broker,
     BrokerError,
@@ -39,9 +39,10 @@ from lbg.broker.base import (
 )
 from lbg.broker.messagedb import generations, naming, rows
 from lbg.broker.messagedb.binding import MessageDbBinding
+from lbg.broker.messagedb.control import ControlLine
 from lbg.broker.messagedb.locks import MemberLocks
 from lbg.broker.messagedb.parking import MessageDbParkingLot, lot_category, registry_category
-from lbg.broker.messagedb.shared import HeadReader, Shared, notify
+from lbg.broker.messagedb.shared import HeadReader, Shared
 from lbg.broker.pauses import PauseClock
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, EventAddress, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -132,11 +133,13 @@ class MessageDbBroker(Broker):
         self._locks: dict[str, MemberLocks] = {}
         self._shared: dict[tuple[str, str], Shared] = {}
         self._configs: dict[str, GroupConfig] = {}
-        self._control: asyncpg.Connection | None = None
-        self._hearing: dict[str, Callable[..., None]] = {}  # control channel -> its listener
-        self._keeper: asyncio.Task[None] | None = None
+        self._control = ControlLine(
+            lambda: self._connect(f"{name}/control"),
+            DB_ERRORS,
+            self._connection_lost,
+            self._connection_ok,
+        )
         self._lost = False
-        self._control_lock = asyncio.Lock()
         self._heads = True  # heartbeats read the category's head too, until that fails once
         self._pauses = PauseClock(STALL_LIMIT)
 
@@ -174,11 +177,7 @@ class MessageDbBroker(Broker):
 
     async def close(self) -> None:
         await self._pauses.close()
-        if self._keeper is not None:
-            await cancel_and_wait(self._keeper)
-        if self._control is not None:
-            with contextlib.suppress(Exception):
-                await self._control.close(timeout=2)
+        await self._control.close()
         for shared in self._shared.values():
             await shared.close()
         for locks in self._locks.values():
@@ -478,16 +477,14 @@ class MessageDbBroker(Broker):
         return result
 
     async def publish_control(self, group: str, body: bytes) -> None:
-        """On the control connection (`_control_line`): heartbeats must not queue behind a
-        busy publisher. The statement reads the category's head too for the client's idle
-        holders (shared.py)."""
+        """On the control connection (control.py): heartbeats must not queue behind a busy
+        publisher. The statement reads the category's head too for the client's idle holders
+        (shared.py)."""
         shares = [s for (_, g), s in self._shared.items() if g == group] if self._heads else []
+        payload = binascii.b2a_base64(body, newline=False).decode()
         try:
-            async with self._control_lock:
-                conn = await self._control_line()
-                payload = binascii.b2a_base64(body, newline=False).decode()
-                if not await notify(conn, control_channel(group), payload, shares):
-                    self._heads = False
+            if not await self._control.send(control_channel(group), payload, shares):
+                self._heads = False
             self._connection_ok()
         except DB_ERRORS as exc:
             self._connection_lost(exc)
@@ -496,8 +493,6 @@ class MessageDbBroker(Broker):
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
-        channel = control_channel(group)
-
         def deliver(_conn: object, _pid: int, _channel: str, payload: str) -> None:
             try:  # (not contextlib.suppress: an object per message, several a second)
                 body = binascii.a2b_base64(payload)
@@ -506,56 +501,9 @@ class MessageDbBroker(Broker):
             handler(body)
 
         try:
-            async with self._control_lock:
-                conn = await self._control_line()
-                await conn.add_listener(channel, deliver)
-                self._hearing[channel] = deliver
+            return await self._control.listen(control_channel(group), deliver)
         except DB_ERRORS as exc:
             raise BrokerError(f"cannot subscribe to heartbeats: {_reason(exc)}") from None
-        if self._keeper is None:
-            self._keeper = asyncio.create_task(self._keep_hearing(), name="messagedb-control")
-
-        async def unsubscribe() -> None:
-            if self._hearing.pop(channel, None) is not None and self._control is not None:
-                with contextlib.suppress(*DB_ERRORS):
-                    await self._control.remove_listener(channel, deliver)
-
-        return unsubscribe
-
-    async def _control_line(self) -> asyncpg.Connection:
-        """The one connection a client's heartbeats go out and come back on (under
-        `_control_lock`): its own come back with the reply to the statement that sent them,
-        in one wake-up, and it holds one connection less. Connected again, and listening to
-        every group subscribed to, once it closed (a restart between two beats says so)."""
-        conn = self._control
-        if conn is not None and not conn.is_closed():
-            return conn
-        if conn is not None:
-            self._connection_lost(ConnectionError("the control connection closed"))
-        conn = await self._connect(f"{self._name}/control")
-        try:
-            for channel, deliver in self._hearing.items():
-                await conn.add_listener(channel, deliver)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await conn.close(timeout=2)
-            raise
-        self._control = conn
-        return conn
-
-    async def _keep_hearing(self) -> None:
-        """Listen again as soon as the control connection goes (a database restart), whether
-        or not a heartbeat goes out meanwhile."""
-        while True:
-            if (conn := self._control) is not None and not conn.is_closed():
-                await _closed(conn)
-            try:
-                async with self._control_lock:
-                    await self._control_line()
-                self._connection_ok()
-            except DB_ERRORS as exc:
-                self._connection_lost(exc)
-                await asyncio.sleep(1.0)
 
     def parking(self, group: str) -> ParkingLot:
         return MessageDbParkingLot(self.pool, group, DB_ERRORS)
@@ -592,15 +540,6 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     an open transaction: nothing. Nothing run on the pools leaves session state (no SET,
     LISTEN, cursor or session lock: those live on connections of their own), and the default
     reset query was a second round trip for every pooled query (100 a second at QC 256 x 8)."""
-
-
-async def _closed(conn: asyncpg.Connection) -> None:
-    """Return once `conn` has closed: asyncpg calls its termination listeners then, so an idle
-    process does not wake to ask (it asked three times a second)."""
-    closed = asyncio.Event()
-    conn.add_termination_listener(lambda _conn: closed.set())
-    if not conn.is_closed():
-        await closed.wait()
 
 
 def _client_of(application_name: str | None) -> str | None:
