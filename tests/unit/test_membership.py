@@ -155,3 +155,34 @@ def test_an_unnumbered_heartbeat_body_leaves_out_only_its_number() -> None:
     assert orjson.loads(unnumbered(one.encode()))["d"] == 9
     changed = Heartbeat("m", MemberState.ACTIVE, {3: "pin"}, frozenset({1}), 2, beat=8, digest=10)
     assert unnumbered(changed.encode()) != unnumbered(one.encode())
+
+
+def test_what_the_view_derives_is_kept_while_members_say_the_same_and_follows_any_change() -> None:
+    """An idle member hears the same words every round: its view then derives nothing anew
+    (the version stays), yet a new word, a lapse or a clash of claims shows at once."""
+    clock = Clock(100)
+    view = MembershipView(lease=0.6, clock=clock)
+    a, b = beat("a", owns={1: "pin-a"}), beat("b", owns={2: "pin-b"})
+    view.observe(a)
+    view.observe(b)
+    version = view.version
+    for _ in range(3):
+        clock.now += 0.15
+        view.observe(a)
+        view.observe(b)
+        assert view.owners() == {1: "a", 2: "b"} and view.members() == ["a", "b"]
+    assert view.version == version, "the same word heard again moved the version"
+    view.owners()[3] = "mutated"
+    assert view.owners() == {1: "a", 2: "b"}, "a caller's change leaked into the view"
+    view.observe(beat("b", MemberState.STALLED, owns={2: "pin-b"}))
+    assert view.version > version and view.members() == ["a"]
+    clash = beat("c", owns={1: "pin-c"})
+    view.observe(clash)
+    assert view.owners()[1] == "c", "the latest claim does not win the clash"
+    clock.now += 0.1
+    view.observe(a)
+    assert view.owners()[1] == "a", "a clash's answer was kept past the next claim"
+    clock.now += 0.65
+    view.observe(clash)
+    assert [hb.member for hb in view.expire()] == ["a", "b"]
+    assert view.owners() == {1: "c"} and view.members() == ["c"]

@@ -39,6 +39,7 @@ class GoneOwners:
         self._looked: dict[int, float] = {}
         self._lookups_due = -float("inf")  # when the next periodic lookup may be due
         self._unknown: dict[int, tuple[str, float]] = {}
+        self._stalled_owners: tuple[int, list[Heartbeat]] = (-1, [])  # by the view's version
 
     def forget(self, heartbeat: Heartbeat) -> None:
         """A member is gone: the queues it served and their pins become suspect."""
@@ -65,9 +66,7 @@ class GoneOwners:
         now = self._clock()
         if self._gone_queues:
             self._forget_old(now - GONE_LEASES * lease)
-        stalled_owners = [
-            hb for hb in self._view.heartbeats() if hb.owns and hb.state is MemberState.STALLED
-        ]
+        stalled_owners = self._stalled()
         if not (stalled_owners or self._gone_queues or self._unknown) and now < self._lookups_due:
             return
         stalled = {pin for hb in stalled_owners for pin in hb.owns.values()}
@@ -106,6 +105,15 @@ class GoneOwners:
             else:
                 unknown[queue] = (pin, since)
         self._unknown = unknown
+
+    def _stalled(self) -> list[Heartbeat]:
+        """The latest heartbeats of the stalled members that say they serve queues."""
+        version = self._view.version
+        if self._stalled_owners[0] != version:
+            stalled = MemberState.STALLED
+            owners = [hb for hb in self._view.heartbeats() if hb.owns and hb.state is stalled]
+            self._stalled_owners = (version, owners)
+        return self._stalled_owners[1]
 
     def _forget_old(self, before: float) -> None:
         """Gone members' pins and queues found gone before `before` are suspect no more."""

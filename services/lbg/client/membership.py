@@ -18,7 +18,7 @@ from lbg.model.control import Heartbeat, MemberState
 from lbg.model.lease import LeaseTerms
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seen:
     heartbeat: Heartbeat
     at: float
@@ -35,11 +35,29 @@ class MembershipView:
         self.terms = LeaseTerms(lease, margin)
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
+        self._version = 0
+        # What is derived from the heartbeats alone, as of a version: most rounds of an idle
+        # member find them all unchanged (the same word heard again is the same object).
+        self._members: tuple[int, list[str]] = (-1, [])
+        self._heartbeats: tuple[int, list[Heartbeat]] = (-1, [])
+        self._owners: tuple[int, dict[int, str]] = (-1, {})
+
+    @property
+    def version(self) -> int:
+        """Moves whenever a member's latest heartbeat changes or a member leaves the view (not
+        when a member is heard saying the same again): what is derived from the heartbeats
+        alone holds while it stays."""
+        return self._version
 
     def observe(self, heartbeat: Heartbeat) -> None:
         """Record a heartbeat. A leaving or stalled member gets no queues, but the queues it
         still serves count as its own until it says otherwise or its lease lapses."""
-        self._seen[heartbeat.member] = _Seen(heartbeat, self._clock())
+        seen = self._seen.get(heartbeat.member)
+        if seen is not None and seen.heartbeat is heartbeat:
+            seen.at = self._clock()
+        else:
+            self._seen[heartbeat.member] = _Seen(heartbeat, self._clock())
+            self._version += 1
 
     def expire(self) -> list[Heartbeat]:
         """Drop members whose lease lapsed, margin included; returns their last heartbeats."""
@@ -48,6 +66,8 @@ class MembershipView:
         gone = [
             m for m, seen in self._seen.items() if now - seen.at > evict_after(seen.heartbeat.terms)
         ]
+        if gone:
+            self._version += 1
         return [self._seen.pop(member).heartbeat for member in gone]
 
     def silent_past_fence(self) -> dict[str, float]:
@@ -77,6 +97,7 @@ class MembershipView:
         seen = self._seen.get(member)
         if seen is None or seen.at != heard_at:
             return None
+        self._version += 1
         return self._seen.pop(member).heartbeat
 
     def next_expiry(self) -> float | None:
@@ -88,13 +109,18 @@ class MembershipView:
 
     def members(self) -> list[str]:
         """Members that can be given queues: current lease and not stalled, sorted."""
-        return sorted(
-            m for m, seen in self._seen.items() if seen.heartbeat.state is MemberState.ACTIVE
-        )
+        if self._members[0] != self._version:
+            active = (
+                m for m, seen in self._seen.items() if seen.heartbeat.state is MemberState.ACTIVE
+            )
+            self._members = (self._version, sorted(active))
+        return list(self._members[1])
 
     def heartbeats(self) -> list[Heartbeat]:
         """The latest heartbeat of every member whose lease is current."""
-        return [seen.heartbeat for seen in self._seen.values()]
+        if self._heartbeats[0] != self._version:
+            self._heartbeats = (self._version, [seen.heartbeat for seen in self._seen.values()])
+        return list(self._heartbeats[1])
 
     def heartbeat_of(self, member: str) -> Heartbeat | None:
         seen = self._seen.get(member)
@@ -106,9 +132,14 @@ class MembershipView:
         return seen.at if seen else None
 
     def owners(self) -> dict[int, str]:
-        """Who serves which queue by the members' own word (the latest claim wins a clash)."""
-        claims = sorted(self._seen.values(), key=lambda seen: seen.at)
-        return {q: seen.heartbeat.member for seen in claims for q in seen.heartbeat.owns}
+        """Who serves which queue by the members' own word (the latest claim wins a clash, so
+        an answer with a clash holds only until the next heartbeat is heard)."""
+        if self._owners[0] != self._version:
+            claims = sorted(self._seen.values(), key=lambda seen: seen.at)
+            owners = {q: seen.heartbeat.member for seen in claims for q in seen.heartbeat.owns}
+            claimed = sum(len(seen.heartbeat.owns) for seen in claims)
+            self._owners = (self._version if len(owners) == claimed else -1, owners)
+        return dict(self._owners[1])
 
     def pins(self) -> dict[str, str]:
         """Pin id -> member, for every queue a live member says it serves."""

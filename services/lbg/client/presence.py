@@ -42,10 +42,13 @@ class PresenceProbes:
         self._wake = wake
         self._asked: dict[str, float] = {}  # member -> when last heard, as asked about
         self._tasks: set[asyncio.Task[None]] = set()
+        self._any_probeable = (-1, False)  # whether any peer may be asked about, by version
 
     def next_due(self) -> float | None:
         """When the next silent peer becomes worth asking about: once its own lease could
         have ended (MembershipView.fence_delay)."""
+        if not self._anyone_probeable():
+            return None
         return min(
             (
                 at + self._view.fence_delay(member)
@@ -58,6 +61,9 @@ class PresenceProbes:
     def ask(self) -> None:
         """Ask about each probeable peer silent since its lease could have ended, once per
         silence."""
+        if not self._anyone_probeable():  # (a broker with no probe: every round)
+            self._asked = {}
+            return
         heard = self._view.last_heard()
         self._asked = {m: at for m, at in self._asked.items() if m in heard}
         for member, at in self._view.silent_past_fence().items():
@@ -71,6 +77,12 @@ class PresenceProbes:
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+    def _anyone_probeable(self) -> bool:
+        version = self._view.version
+        if self._any_probeable[0] != version:
+            self._any_probeable = (version, any(hb.probe for hb in self._view.heartbeats()))
+        return self._any_probeable[1]
 
     def _probeable(self, member: str) -> bool:
         heartbeat = self._view.heartbeat_of(member)
