@@ -132,9 +132,11 @@ def test_a_new_unclaimed_pin_restarts_the_grace() -> None:
     asyncio.run(rounds())
 
 
-async def idle_member(clock: Clock, looked: list[float]) -> Coordinator:
-    """This member alone with queue 0, which nobody holds (as on an idle NATS), counting its
-    questions to the broker about who holds it."""
+async def idle_member(
+    clock: Clock, looked: list[float], *, holding: bool = False
+) -> tuple[Coordinator, MemoryQueueBinding]:
+    """This member alone with queue 0, which nobody holds (as on an idle NATS) unless
+    `holding` (it does), counting its questions to the broker about who holds it."""
 
     class CountingSteering(BindingSteering):
         async def pinned_by(self, queue: int, *, fresh: bool = False) -> str | None:
@@ -145,14 +147,15 @@ async def idle_member(clock: Clock, looked: list[float]) -> Coordinator:
     admin = await connect_broker(BrokerSettings(url=URL), "admin")
     await admin.create_group("g", CONFIG)
     broker, mine = await bind("me")
-    mine.suspend(True)  # it takes the queue no more: nobody holds it
-    mine.state.unpin("test")
+    if not holding:
+        mine.suspend(True)  # it takes the queue no more: nobody holds it
+        mine.state.unpin("test")
     steering = CountingSteering({0: mine}, lambda q: None)
     coordinator = Coordinator(
         broker, "g", "me", steering, interval=0.15, clock=clock, queue_count=1
     )
     await coordinator.join()
-    return coordinator
+    return coordinator, mine
 
 
 def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_lookup_period() -> None:
@@ -161,7 +164,7 @@ def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_look
     period = LOOKUP_LEASES * 0.7
 
     async def rounds() -> None:
-        coordinator = await idle_member(clock, looked)
+        coordinator, _ = await idle_member(clock, looked)
         for _ in range(round(period / 0.15) + 2):
             clock.now += 0.15
             await coordinator.tick()
@@ -171,6 +174,27 @@ def test_an_idle_member_asks_the_broker_about_a_queue_nobody_holds_once_per_look
     assert looked[1] - looked[0] >= period
 
 
+def test_a_queue_this_member_served_and_lost_is_looked_up_at_once() -> None:
+    """Rounds that hold what the last one held ask nothing; a queue of its own that it lost
+    (to an eviction, say) is asked about at the next round, not a lookup period later."""
+    clock = Clock(100)
+    looked: list[float] = []
+
+    async def rounds() -> None:
+        coordinator, mine = await idle_member(clock, looked, holding=True)
+        for _ in range(5):
+            clock.now += 0.15
+            await coordinator.tick()
+        assert looked == [], "asked who holds a queue this member serves"
+        mine.suspend(True)  # it loses the queue (evicted, say) and takes it no more
+        mine.state.unpin("test")
+        clock.now += 0.15
+        await coordinator.tick()
+        assert looked == [clock.now], "a queue it lost was not looked up at once"
+
+    asyncio.run(rounds())
+
+
 def test_a_queue_that_comes_back_to_this_member_is_looked_up_at_once() -> None:
     """A member that just left may have been pinned before it could say so: its queues'
     new owner asks who holds them at its next round, however recently it asked before."""
@@ -178,7 +202,7 @@ def test_a_queue_that_comes_back_to_this_member_is_looked_up_at_once() -> None:
     looked: list[float] = []
 
     async def rounds() -> None:
-        coordinator = await idle_member(clock, looked)
+        coordinator, _ = await idle_member(clock, looked)
         clock.now += 0.15
         await coordinator.tick()
         coordinator._receive(Heartbeat("a-peer", MemberState.ACTIVE).encode())

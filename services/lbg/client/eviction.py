@@ -37,7 +37,8 @@ class GoneOwners:
         self._gone_pins: dict[str, float] = {}
         self._gone_queues: dict[int, float] = {}
         self._looked: dict[int, float] = {}
-        self._lookups_due = -float("inf")  # when the next periodic lookup may be due
+        self._lookups_due = -float("inf")  # when the next periodic lookup may be due ...
+        self._held_looked: dict[int, Holding] = {}  # ... while this member holds the same
         self._unknown: dict[int, tuple[str, float]] = {}
         self._stalled_owners: tuple[int, list[Heartbeat]] = (-1, [])  # by the view's version
 
@@ -62,12 +63,18 @@ class GoneOwners:
         a lost notice must not leave a gone owner's pin to the broker's timeout); about a queue
         that just came here at once; about the others every LOOKUP_LEASES (an unknown pin on a
         queue this member waits for then waits that long more, as the broker's own timeout
-        runs too). Most rounds of an idle member return at the first test."""
+        runs too). Most rounds of an idle member return at the first test: nothing is suspect,
+        no lookup is due, and it holds what it held at the last lookup (a queue it served that
+        it lost is looked up at once, as one that just came here)."""
         now = self._clock()
         if self._gone_queues:
             self._forget_old(now - GONE_LEASES * lease)
         stalled_owners = self._stalled()
-        if not (stalled_owners or self._gone_queues or self._unknown) and now < self._lookups_due:
+        if (
+            not (stalled_owners or self._gone_queues or self._unknown)
+            and now < self._lookups_due
+            and held == self._held_looked
+        ):
             return
         stalled = {pin for hb in stalled_owners for pin in hb.owns.values()}
         suspects = {
@@ -75,18 +82,17 @@ class GoneOwners:
             *self._unknown,
             *(q for hb in stalled_owners for q in hb.owns),
         }
+        not_held = [q for q in mine if not ((holding := held.get(q)) and holding.active)]
         due = [
             queue
-            for queue in mine
-            if not ((holding := held.get(queue)) and holding.active)
-            and (
-                queue in suspects
-                or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * lease
-            )
+            for queue in not_held
+            if queue in suspects
+            or now - self._looked.get(queue, -float("inf")) >= LOOKUP_LEASES * lease
         ]
         self._looked.update(dict.fromkeys(due, now))
-        looked = (self._looked.get(queue, -float("inf")) for queue in mine)
+        looked = (self._looked.get(queue, -float("inf")) for queue in not_held)
         self._lookups_due = min(looked, default=float("inf")) + LOOKUP_LEASES * lease
+        self._held_looked = held
         if not due and not self._unknown:
             return
         live = self._view.pins()
