@@ -62,7 +62,7 @@ class PresenceProbes:
         """Ask about each probeable peer silent since its lease could have ended, once per
         silence."""
         if not self._anyone_probeable():  # (a broker with no probe: every round)
-            self._asked = {}
+            self._asked.clear()
             return
         heard = self._view.last_heard()
         self._asked = {m: at for m, at in self._asked.items() if m in heard}
