@@ -11,7 +11,7 @@ from lbg.broker import connect_broker
 from lbg.broker.memory import reset_memory_brokers
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import Holding
-from lbg.model.control import Heartbeat, MemberState
+from lbg.model.control import Heartbeat, MemberState, Override, encode_move
 from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
 
@@ -26,11 +26,13 @@ class FakeSteering(QuietSteering):
         self.preferred: set[int] = set()
         self.released: list[int] = []
         self.stepped_out: set[int] = set()
+        self.told = 0  # how many rounds told it which queues to stand ready for
 
     def holdings(self) -> dict[int, Holding]:
         return {q: Holding(q in self.active, f"me/{q}", False) for q in (0, 1)}
 
     def prefer_only(self, queues) -> bool:
+        self.told += 1
         changed = self.preferred != set(queues)
         self.preferred = set(queues)
         return changed
@@ -120,5 +122,45 @@ def test_a_handover_waits_until_nobody_but_the_new_owner_waits_for_the_queue() -
         assert steering.released == [], "handed to a member silent for a whole round"
         await beat(admin, coordinator, clock, "b", {}, {moving})
         assert steering.released and set(steering.released) == {moving}
+
+    asyncio.run(rounds())
+
+
+def test_a_round_that_finds_nothing_new_steers_nothing_and_a_move_is_steered_at_once() -> None:
+    """An idle member's rounds, hearing the same word from the same members while holding the
+    same, compute nothing and tell its bindings nothing; an operator's move, heard alone,
+    is steered in the next round."""
+    clock = Clock(100)
+    steering = FakeSteering({0})
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, True, clock)
+        for _ in range(2):
+            await beat(admin, coordinator, clock, "a", {1: "a/1"}, {0})
+        told = steering.told
+        for _ in range(5):
+            await beat(admin, coordinator, clock, "a", {1: "a/1"}, {0})
+        assert steering.told == told, "rounds that found nothing new steered again"
+        assert steering.released == []
+        await admin.publish_control("g", encode_move(Override(0, "a", at=clock.now)))
+        await beat(admin, coordinator, clock, "a", {1: "a/1"}, {0})
+        assert steering.released == [0], "a move heard in an idle group was not steered"
+
+    asyncio.run(rounds())
+
+
+def test_while_two_members_claim_a_queue_each_round_follows_the_latest_claim() -> None:
+    """Two members saying the same again, each that it serves queue 0 (one was cut off and
+    has not heard yet): every round takes the latest word, not what an earlier one found."""
+    clock = Clock(100)
+    steering = FakeSteering(set())
+
+    async def rounds() -> None:
+        admin, coordinator = await setup(steering, True, clock)
+        for _ in range(3):
+            await beat(admin, coordinator, clock, "a", {0: "a/0"})
+            assert coordinator.desired[0] == "a"
+            await beat(admin, coordinator, clock, "b", {0: "b/0"})
+            assert coordinator.desired[0] == "b"
 
     asyncio.run(rounds())

@@ -111,6 +111,8 @@ class Coordinator:
         self._with_standbys = standbys
         self.standbys: dict[int, str] = {}
         self._assigned: tuple[object, ...] | None = None
+        # What the last round that had nothing to steer started from, and what it returned.
+        self._settled: tuple[tuple[object, ...] | None, dict[int, Holding]] = (None, {})
         self._mine: tuple[int, ...] = ()  # the queues assigned here
         self._wanted: tuple[int, ...] = ()  # and those this member stands by for
         self._gone_owners = GoneOwners(self.view, steering, clock)
@@ -455,10 +457,19 @@ class Coordinator:
 
     def rebalance(self) -> dict[int, Holding]:
         """Recompute the assignment and steer the bindings towards it; returns what this
-        member holds once steered (read again only if a preference changed)."""
+        member holds once steered (read again only if a preference changed).
+
+        A round that finds what the last one had nothing to steer from (the same view without
+        clashing claims, overrides, state, size and holdings) returns at once: what it would
+        compute is what the last one did, so an idle member's round costs no work per queue."""
         held = self._steering.holdings()
         if self._listening:
             return held
+        basis = (self.view.version, self.overrides.version, self.state, self.queue_count)
+        settled_on, settled_held = self._settled
+        if basis == settled_on and (held is settled_held or held == settled_held):
+            return held
+        self._settled = (None, {})
         members = self._members()
         pinned = self.overrides.active(members)
         inputs = (self.queue_count, members, self._current(held), pinned)
@@ -474,6 +485,7 @@ class Coordinator:
         told = self._steering.prefer_only(self._wanted)
         current = inputs[2]
         self._handover_waits_for.clear()
+        steered = False
         for queue, holding in held.items():
             owner = self.desired.get(queue)
             if (
@@ -484,12 +496,17 @@ class Coordinator:
                 # Its line must hold only its standby or next owner (see _ready); an idle
                 # queue's line is left alone, so views settling at a mass start churn nothing.
                 self._steering.step_out(queue)
+                steered = True
             if holding.active and owner != self.member and self._ready(owner, queue):
+                steered = True
                 if self._may_hand_to(owner):
                     self._steering.release(queue)
                 else:
                     self._handover_waits_for.add(owner)
-        return self._steering.holdings() if told else held
+        held = self._steering.holdings() if told else held
+        if not steered and self.view.owners_hold():
+            self._settled = (basis, held)
+        return held
 
     def _may_hand_to(self, member: str | None) -> bool:
         """Whether a queue may go to `member` now: one in the view only once it beat since

@@ -141,6 +141,11 @@ class MembershipView:
             self._owners = (self._version if len(owners) == claimed else -1, owners)
         return dict(self._owners[1])
 
+    def owners_hold(self) -> bool:
+        """Whether the last `owners()` answer found no clash at this version: it holds, as all
+        that is derived from the heartbeats, while the version stays."""
+        return self._owners[0] == self._version
+
     def pins(self) -> dict[str, str]:
         """Pin id -> member, for every queue a live member says it serves."""
         return {

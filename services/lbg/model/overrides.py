@@ -33,6 +33,7 @@ class OverrideBook:
         self._entries: dict[int, tuple[Override, float]] = {}
         self._versions: dict[int, float] = {}
         self._dropped: dict[int, float] = {}
+        self.version = 0  # moves whenever an override is taken or dropped
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -43,6 +44,7 @@ class OverrideBook:
             return False
         self._versions[override.queue] = override.at
         self._entries[override.queue] = (override, self._clock())
+        self.version += 1
         return True
 
     def behind(self, override: Override) -> bool:
@@ -60,6 +62,7 @@ class OverrideBook:
         return taken, retired, behind
 
     def _drop(self, gone: list[Override]) -> list[Override]:
+        self.version += len(gone)
         for override in gone:
             del self._entries[override.queue]
             self._dropped[override.queue] = override.at
@@ -72,6 +75,7 @@ class OverrideBook:
         mine = self._entries.get(queue)
         if mine is None or mine[0].at > at:
             return None
+        self.version += 1
         del self._entries[queue]
         return mine[0]
 
