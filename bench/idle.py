@@ -22,8 +22,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import statistics
+import string
 import sys
 import tempfile
 import time
@@ -40,6 +42,7 @@ import uvloop
 from lbg.broker.base import Broker, BrokerError
 from lbg.client.coordination import DynamicRole
 from lbg.devstack.deployment import Daemon, LocalDeployment
+from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
 from measure import (
     BenchError,
@@ -56,6 +59,8 @@ from raw_beats import READY
 
 JOINED = "member {} joined"
 GONE = "member {} is gone"
+SERVES = " now serves queue "
+KEY_CHARACTERS = string.ascii_letters + string.digits
 SETTLE_TIMEOUT = 120.0
 # After every member joined (or a raw member is ready), before the quiet window (--settle).
 SETTLE_SECONDS = 3.0
@@ -74,6 +79,7 @@ class Plan:
     member_args: tuple[str, ...] = ()
     raw: bool = True  # each size's floor too (raw_beats.py)
     heartbeat_interval: float = DynamicRole().heartbeat_interval  # the members', the floor's
+    primed: bool = False  # one event to every queue before the window (owners the broker knows)
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,36 @@ def logged(deployment: LocalDeployment, names: list[str], text: str, since: int 
             if text.format(name) not in log.read().decode(errors="replace"):
                 return False
     return True
+
+
+def serving(deployment: LocalDeployment, names: list[str]) -> int:
+    """How many times `names`' logs say their client took a queue."""
+    taken = 0
+    for name in names:
+        path = deployment.daemons[name].log_path
+        if path.exists():
+            taken += path.read_bytes().count(SERVES.encode())
+    return taken
+
+
+def priming_keys(config: GroupConfig) -> list[str]:
+    """One key for each of the group's queues: the first of a fixed series of random ones that
+    hashes to it (keys numbered in order would not do: a Java string hash modulo a multiple of
+    31 depends on a key's last characters alone)."""
+    draw = random.Random(0)
+    keys: dict[int, str] = {}
+    while len(keys) < config.queue_count:
+        key = "prime-" + "".join(draw.choices(KEY_CHARACTERS, k=12))
+        keys.setdefault(config.queue_for_key(key), key)
+    return [keys[queue] for queue in range(config.queue_count)]
+
+
+async def prime(broker: Broker, config: GroupConfig) -> None:
+    """Publish one event to every queue: each queue then has an owner the broker knows, as in
+    a group that served traffic and went quiet (on NATS a pinned owner keeps pulling)."""
+    for key in priming_keys(config):
+        destination = event_destination(config.hash_prefix, config.bucket_for_key(key), key)
+        await broker.publish(destination, b"prime")
 
 
 def log_size(daemon: Daemon) -> int:
@@ -155,6 +191,10 @@ async def measure_size(run: BrokerRun, broker: Broker, size: Size, plan: Plan) -
         names = [c.name for c in clients]
         joined = lambda: logged(deployment, names, JOINED)  # noqa: E731
         await wait_until(joined, SETTLE_TIMEOUT, f"{size.label}: every client joined", clients)
+        if plan.primed:
+            await prime(broker, config)
+            served = lambda: serving(deployment, names) >= size.queues  # noqa: E731
+            await wait_until(served, SETTLE_TIMEOUT, f"{size.label}: every queue served", clients)
         await asyncio.sleep(plan.settle)
         bytes_before, started = control_bytes, time.monotonic()
         quiet = await quiet_cpu(run, clients, plan.window)
@@ -359,6 +399,11 @@ def cell(value: Any) -> str:
 @click.option("--raw/--no-raw", default=True, show_default=True,
               help="After each size, measure its floor: as many members exchanging the same "
               "heartbeats on the broker's own client (raw_beats.py), no lbg code.")  # fmt: skip
+@click.option("--primed", is_flag=True,
+              help="Publish one event to every queue once the clients joined, and measure "
+              "when each queue has an owner the broker knows: a group that served traffic and "
+              "went quiet. Without it nothing is pinned on NATS, so its owners' pulls are not "
+              "in the figures.")  # fmt: skip
 @broker_options
 def main(
     sizes: list[Size],
@@ -368,6 +413,7 @@ def main(
     as_json: bool,
     member_config: str | None,
     raw: bool,
+    primed: bool,
     brokers: tuple[str, ...],
     broker_url: str | None,
     admin_url: str | None,
@@ -384,6 +430,7 @@ def main(
         ("--config", str(Path(member_config).resolve())) if member_config else (),
         raw,
         heartbeat_interval(member_config),
+        primed,
     )
     with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
         results = uvloop.run(
