@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from lbg.aio import until_next
 from lbg.broker.ackfloor import FloorAcks
 from lbg.broker.base import Delivery, StateListener
 from lbg.broker.bindings import UNTIL_WOKEN, LoopBinding
@@ -376,10 +377,12 @@ class NatsQueueBinding(LoopBinding):
                 await inbox.unsubscribe()
 
     def _pull_expires(self) -> float:
-        """How long the next pull lasts: a third of the priority timeout while it keeps a pin
-        (the server unpins a priority timeout after the last pull it received) or looks for
-        one unadvised; the look period for a waiting standby told of unpins."""
-        return self._advised_look() if self._advised and self.waiting else self._expires
+        """How long the next pull lasts: the look period for a waiting standby told of unpins;
+        else until the wall clock's next multiple of a third of the priority timeout, while it
+        keeps a pin (the server unpins a priority timeout after the last pull it received) or
+        looks for one unadvised. An idle owner's pulls of all its queues then end together
+        and are sent again in one wake-up, not each at the moment its queue was taken."""
+        return self._advised_look() if self._advised and self.waiting else until_next(self._expires)
 
     def _advised_look(self) -> float:
         """How long a waiting standby told of unpins goes without looking by itself."""
