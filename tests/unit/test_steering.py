@@ -1,6 +1,7 @@
 """What a coordinator's round reads of the client's bindings: what they hold, found without
 reading every binding each round, and the preferences it sets."""
 
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -11,12 +12,13 @@ from lbg.client.steering import BindingSteering, Holding
 
 @dataclass
 class FakeBinding:
-    """Only what steering reads and sets of a binding; counts the reads of `active`."""
+    """Only what steering reads and sets of a binding; counts the reads of `active`, which
+    ends unheard at no time, or not before `known_until` (on the test's clock)."""
 
     steady_waiting = True
-    steady_active = False
 
     is_active: bool = False
+    known_until: float = -math.inf
     preferred: bool = False
     reads: int = 0
     told: int = 0
@@ -37,6 +39,9 @@ class FakeBinding:
     def set_preferred(self, preferred: bool) -> None:
         self.preferred = preferred
         self.told += 1
+
+    def active_known_until(self) -> float:
+        return self.known_until
 
 
 def steering(bindings: dict[int, FakeBinding], clock: Clock) -> BindingSteering:
@@ -147,13 +152,12 @@ def test_a_binding_still_waiting_though_no_longer_preferred_is_read_every_round(
 
 
 def serving_and_waiting(
-    clock: Clock, steady_active: bool
+    clock: Clock, known_until: float
 ) -> tuple[dict[int, FakeBinding], BindingSteering]:
     """An idle member of a QC 64 group: it serves queues 0-7 (each said it became active) and
-    waits for 8-15 as their preferred standby; its bindings are `steady_active` or not."""
-    bindings = {q: FakeBinding() for q in range(64)}
-    for binding in bindings.values():
-        binding.steady_active = steady_active  # type: ignore[misc]
+    waits for 8-15 as their preferred standby; its bindings' activity ends unheard at no time
+    before `known_until`."""
+    bindings = {q: FakeBinding(known_until=known_until) for q in range(64)}
     steer = steering(bindings, clock)
     steer.holdings()
     steer.prefer_only(list(range(16)))
@@ -170,7 +174,7 @@ def test_an_idle_members_rounds_read_no_binding_while_what_it_holds_is_steady() 
     the waiting reads read nothing at all; a word, or a request of the steering's, brings the
     next round back to reading, and the waiting read comes all the same."""
     clock = Clock(10)
-    bindings, steer = serving_and_waiting(clock, steady_active=True)
+    bindings, steer = serving_and_waiting(clock, known_until=math.inf)
     reads = sum(b.reads for b in bindings.values())
     for _ in range(5):  # rounds within the second
         clock.now += 0.15
@@ -194,11 +198,26 @@ def test_an_idle_members_rounds_read_no_binding_while_what_it_holds_is_steady() 
     assert held[1] == Holding(False, None, True), "a silent change is seen within the waiting read"
 
 
-def test_an_active_binding_that_may_stop_unheard_is_read_every_round() -> None:
-    """Where a computed condition ends the activity (NATS's stalled pulls), an active binding
-    is read at every round as before."""
+def test_an_active_binding_that_may_stop_unheard_at_any_time_is_read_every_round() -> None:
+    """Where a computed condition may end the activity at any time, an active binding is read
+    at every round."""
     clock = Clock(10)
-    bindings, steer = serving_and_waiting(clock, steady_active=False)
+    bindings, steer = serving_and_waiting(clock, known_until=-math.inf)
     bindings[2].is_active = False  # its stall, which no listener hears
     clock.now += 0.15
     assert steer.holdings()[2] == Holding(False, None, True)
+
+
+def test_an_active_binding_is_read_again_once_its_activity_may_have_ended_unheard() -> None:
+    """NATS: a stall ends an owner's activity unheard, but not before most of a priority
+    timeout after its last answered pull: rounds before then read nothing, the first round
+    after reads it (and finds the stall), however recent the waiting read."""
+    clock = Clock(10)
+    bindings, steer = serving_and_waiting(clock, known_until=clock.now + 0.4)
+    reads = sum(b.reads for b in bindings.values())
+    clock.now += 0.3
+    steer.holdings()
+    assert sum(b.reads for b in bindings.values()) == reads, "read before it could change"
+    bindings[2].is_active = False  # its stall, which no listener hears
+    clock.now += 0.15
+    assert steer.holdings()[2] == Holding(False, None, True), "a possible stall went unread"

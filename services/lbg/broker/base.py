@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -188,6 +189,12 @@ class QueueBinding(abc.ABC):
     # same pin, for a while without reading it. Not where a computed condition (a stall)
     # ends the activity unheard.
     steady_active: ClassVar[bool] = False
+
+    def active_known_until(self) -> float:
+        """Until when (on time.monotonic) `active` and `pin` can change only as the state
+        listener hears: forever where `steady_active`; else at no time, unless the binding
+        knows when its computed condition could end the activity first (NATS: a stall)."""
+        return math.inf if self.steady_active else -math.inf
 
     @property
     @abc.abstractmethod

@@ -86,9 +86,11 @@ class BindingSteering:
     says so), by being told otherwise (here), or by being replaced or having its consumer
     switched in a resize (seen within that time); one that does not wait yet is read every
     round, so a new standby is heard of at once. Where every binding found holding something
-    is steady so (an active one `steady_active`: Message DB) and nothing changed or was asked
-    of them since, a round reads none of them until the waiting read is due: what an idle
-    member holds is then a lookup, not a read of each queue it serves or waits for."""
+    is steady so and nothing changed or was asked of them since, a round reads none of them
+    until the waiting read is due, or an active one's activity may end unheard (its
+    `active_known_until`: never on Message DB, most of a priority timeout after the last
+    answered pull on NATS): what an idle member holds is then a lookup, not a read of each
+    queue it serves or waits for."""
 
     FULL_READ_SECONDS = 5.0
     WAITING_READ_SECONDS = 1.0
@@ -107,11 +109,12 @@ class BindingSteering:
         self._waiting: dict[int, QueueBinding] = {}  # found waiting at the last read
         self._read_all = self._read_waiting = -float("inf")
         self._held: dict[int, Holding] = {}  # what the last read found
-        self._steady = False  # ... and that it holds until a change or a waiting read
+        # ... and until when it holds unless a change is heard (or the waiting read is due)
+        self._steady_until = -float("inf")
 
     def holdings(self) -> dict[int, Holding]:
         now = self._clock()
-        if self._steady and now - self._read_waiting < self.WAITING_READ_SECONDS:
+        if now < self._steady_until and now - self._read_waiting < self.WAITING_READ_SECONDS:
             return self._held
         known: dict[int, QueueBinding] = {}
         if now - self._read_all >= self.FULL_READ_SECONDS:
@@ -142,30 +145,29 @@ class BindingSteering:
                 held[queue] = WAITING  # no pin while not active
         self._watched = {queue for queue, holding in held.items() if holding.active}
         self._waiting = {q: self._bindings[q] for q, h in held.items() if h.waiting}
-        self._held, self._steady = held, self._holds_steadily(held)
+        self._held, self._steady_until = held, self._steady_for(held)
         return held
 
-    def _holds_steadily(self, held: dict[int, Holding]) -> bool:
-        """Whether what `held` says can only change with a word from a binding or a request
-        of the steering's: every preferred binding holds something, and each binding that
-        does is steadily active or steadily waiting as preferred."""
+    def _steady_for(self, held: dict[int, Holding]) -> float:
+        """Until when what `held` says can only change with a word from a binding or a request
+        of the steering's (-inf: at any time): every preferred binding holds something, each
+        one waiting waits steadily as preferred, and each active one stays so unheard until
+        its `active_known_until`."""
         preferred = self._preferred
         if not preferred.keys() <= held.keys():
-            return False
+            return -float("inf")
+        until = float("inf")
         for queue, holding in held.items():
             binding = self._bindings[queue]
-            steady = (
-                binding.steady_active
-                if holding.active
-                else binding.steady_waiting and preferred.get(queue) is binding
-            )
-            if not steady:
-                return False
-        return True
+            if holding.active:
+                until = min(until, binding.active_known_until())
+            elif not (binding.steady_waiting and preferred.get(queue) is binding):
+                return -float("inf")
+        return until
 
     def changed(self, queue: int) -> None:
         self._watched.add(queue)
-        self._steady = False
+        self._steady_until = -float("inf")
 
     def prefer_only(self, queues: Collection[int]) -> bool:
         told, changed, wanted = self._preferred, False, set(queues)
@@ -180,27 +182,28 @@ class BindingSteering:
                 binding.set_preferred(True)
                 told[queue] = binding
                 changed = True
-        self._steady = self._steady and not changed
+        if changed:
+            self._steady_until = -float("inf")
         return changed
 
     def release(self, queue: int) -> None:
-        self._steady = False
+        self._steady_until = -float("inf")
         self._request_release(queue)
 
     def step_out(self, queue: int) -> None:
-        self._steady = False
+        self._steady_until = -float("inf")
         if (binding := self._bindings.get(queue)) is not None:
             binding.step_out()
 
     def fence_all(self, reason: str) -> None:
-        self._steady = False
+        self._steady_until = -float("inf")
         for binding in list(self._bindings.values()):
             if binding.active:
                 binding.fence(reason)
 
     def suspend_all(self, suspended: bool, reason: str) -> None:
         self._read_waiting = -float("inf")  # a suspended binding no longer waits
-        self._steady = False
+        self._steady_until = -float("inf")
         for binding in list(self._bindings.values()):
             if suspended:
                 binding.fence(reason)

@@ -244,6 +244,11 @@ class NatsQueueBinding(LoopBinding):
         pins = [g.get("pinned_client_id") for g in info.get("priority_groups") or []]
         return next((p for p in pins if p), None)
 
+    def active_known_until(self) -> float:
+        """A stall ends the activity unheard, but not before most of a priority timeout after
+        the last pull the server answered (later pulls only move that on)."""
+        return self._last_pull + self._timeout * FENCE_FRACTION if self._pinned else math.inf
+
     def _stalled(self) -> bool:
         return self._pinned and time.monotonic() - self._last_pull > self._timeout * FENCE_FRACTION
 

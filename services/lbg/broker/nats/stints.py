@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -143,6 +144,10 @@ class StintBinding(QueueBinding):
     @property
     def waiting(self) -> bool:
         return self._binding is not None and self._binding.waiting
+
+    def active_known_until(self) -> float:
+        """The current stint's (a stint that starts or ends says so through the listener)."""
+        return self._binding.active_known_until() if self._binding is not None else math.inf
 
     @property
     def consumer(self) -> str | None:
