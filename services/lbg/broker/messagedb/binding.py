@@ -370,6 +370,7 @@ class MessageDbBinding(LoopBinding):
 
     async def _read(self, hold: Hold) -> float:
         assert self._stint is not None
+        head: int | None = None
         if self._stint[0].end is None:
             head = await self._shared.head.get(time.monotonic() - self._poll)
             if head < self._next:
@@ -421,6 +422,11 @@ class MessageDbBinding(LoopBinding):
             )
         if taken == BATCH:
             return 0.0
+        if end is None and head is not None:
+            # Every position up to the head read before this query was committed by then (Message
+            # DB writes a category in order, under its lock), so this member's were all in the
+            # rows: the next read waits for a later event, not for one of another member.
+            self._next = max(self._next, head + 1)
         if end is not None:
             # Nothing at or below the switch position can appear any more: all of it was read.
             self._next = max(self._next, end + 1)
