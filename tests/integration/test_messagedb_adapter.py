@@ -602,3 +602,47 @@ def test_a_heartbeat_goes_out_when_reading_the_head_with_it_fails(url: str) -> N
             await _sql(url, f"DROP DATABASE {database}")
 
     asyncio.run(main())
+
+
+def test_a_holder_whose_queues_last_event_is_not_the_categorys_last_stops_reading(
+    url: str,
+) -> None:
+    """Once a read found none of its member's events up to the category's head (the last
+    event written was another queue's), the holder waits for a later event rather than query
+    the category again at every poll; a new event of its own is still taken at once."""
+
+    async def category_reads(seen: set[object]) -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            for _ in range(75):  # 1.5 s: a poll is 0.15 s
+                seen.update(
+                    await conn.fetch(
+                        "SELECT pid, query_start FROM pg_stat_activity WHERE application_name ="
+                        " 'older/read' AND query LIKE '%get_category_messages%'"
+                    )
+                )
+                await asyncio.sleep(0.02)
+        finally:
+            await conn.close()
+
+    async def scenario(admin: Broker, config: GroupConfig, group: str) -> None:
+        client = await _broker(url, "older")
+        try:
+            binding = await client.bind(group, config, 0, "older")
+            await _until(lambda: binding.active)
+            sent = await _publish_to_queue(admin, config, 0, 1)
+            taken = await _take(binding, 1)
+            assert [d.body for d in taken] == sent
+            assert await binding.ack(taken[0])
+            await _publish_to_queue(admin, config, 1, 1)  # the head moves past queue 0's
+            await asyncio.sleep(0.5)
+            reads: set[object] = set()
+            await category_reads(reads)
+            assert len(reads) <= 1, f"{len(reads)} reads of the category in 1.5 s, nothing new"
+            sent = (await _publish_to_queue(admin, config, 0, 2))[1:]
+            assert [d.body for d in await _take(binding, 1)] == sent
+            await binding.close()
+        finally:
+            await client.close()
+
+    _run(url, scenario)
