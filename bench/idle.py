@@ -403,7 +403,9 @@ def cell(value: Any) -> str:
               help="Publish one event to every queue once the clients joined, and measure "
               "when each queue has an owner the broker knows: a group that served traffic and "
               "went quiet. Without it nothing is pinned on NATS, so its owners' pulls are not "
-              "in the figures.")  # fmt: skip
+              "in the figures. Give it --settle 30: first the queues whose event went to "
+              "whoever stood first in line move to their owners (RabbitMQ), and 1024 queues "
+              "record their first positions (Message DB).")  # fmt: skip
 @broker_options
 def main(
     sizes: list[Size],
