@@ -16,6 +16,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from lbg.broker import connect_broker
 from lbg.broker.base import Broker, BrokerError
@@ -326,9 +327,9 @@ async def heard_directly(url: str) -> None:
     try:
         heard: list[tuple[bytes, object]] = []
 
-        def handler(body: bytes) -> None:
-            heard.append((body, asyncio.current_task()))
-            if body == b"bad":
+        def handler(msg: Msg) -> None:
+            heard.append((msg.data, asyncio.current_task()))
+            if msg.data == b"bad":
                 raise ValueError("a handler's bug")
 
         subscription = await subscribe_direct(nc, "direct.test", handler)

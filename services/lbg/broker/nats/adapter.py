@@ -563,7 +563,9 @@ class NatsBroker(Broker):
     async def subscribe_control(
         self, group: str, handler: Callable[[bytes], None]
     ) -> Callable[[], Awaitable[None]]:
-        subscription = await subscribe_direct(self._nc, control_subject(group), handler)
+        subscription = await subscribe_direct(
+            self._nc, control_subject(group), lambda msg: handler(msg.data)
+        )
         self._presence.control_subscribed(group, subscription)
         return subscription.unsubscribe
 

@@ -32,6 +32,7 @@ from lbg.broker.base import Delivery, StateListener
 from lbg.broker.bindings import UNTIL_WOKEN, LoopBinding
 from lbg.broker.nats import jsapi
 from lbg.broker.nats.acksubject import consumer_sequence, delivery_count, stream_sequence
+from lbg.broker.nats.direct import subscribe_direct
 from lbg.broker.nats.generations import is_end
 
 log = logging.getLogger(__name__)
@@ -366,13 +367,10 @@ class NatsQueueBinding(LoopBinding):
         """The reply subject of this binding's pulls: one subscription kept across
         pulls the server ended (an idle owner pulls every priority_timeout/3 per queue), and
         dropped with any pull that may still be open at the server, whose late messages must
-        find no interest (aborted for a handover, superseded by a new pin, cut off)."""
+        find no interest (aborted for a handover, superseded by a new pin, cut off). Its
+        messages reach `_on_message` from the read loop itself (direct.py)."""
         if self._inbox is None:
-
-            async def on_message(msg: Msg) -> None:
-                self._on_message(msg)
-
-            self._inbox = await self._nc.subscribe(self._nc.new_inbox(), cb=on_message)
+            self._inbox = await subscribe_direct(self._nc, self._nc.new_inbox(), self._on_message)
         return self._inbox.subject
 
     async def _drop_inbox(self) -> None:
@@ -412,8 +410,9 @@ class NatsQueueBinding(LoopBinding):
             )
             if self._rewind_due and self.waiting and self._orphans_possible():
                 await self._rewind_orphans()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pull.done.wait(), expires * 1.5)
+            with contextlib.suppress(TimeoutError):  # a timeout scope: no task per pull
+                async with asyncio.timeout(expires * 1.5):
+                    await pull.done.wait()
         finally:
             if not pull.ended:
                 await self._drop_inbox()
