@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import statistics
 import string
@@ -406,6 +407,9 @@ def cell(value: Any) -> str:
               "in the figures. Give it --settle 30: first the queues whose event went to "
               "whoever stood first in line move to their owners (RabbitMQ), and 1024 queues "
               "record their first positions (Message DB).")  # fmt: skip
+@click.option("--keep-logs", is_flag=True,
+              help="Keep the daemons' logs (their folder is printed at the end) even when every "
+              "broker passed [default: kept only for a broker that failed].")  # fmt: skip
 @broker_options
 def main(
     sizes: list[Size],
@@ -416,6 +420,7 @@ def main(
     member_config: str | None,
     raw: bool,
     primed: bool,
+    keep_logs: bool,
     brokers: tuple[str, ...],
     broker_url: str | None,
     admin_url: str | None,
@@ -434,17 +439,21 @@ def main(
         heartbeat_interval(member_config),
         primed,
     )
-    with tempfile.TemporaryDirectory(prefix="lbg-idle-") as folder:
+    workdir = Path(tempfile.mkdtemp(prefix="lbg-idle-"))
+    echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    done = False
+    try:
         results = uvloop.run(
             run_per_broker(
-                kinds,
-                broker_url,
-                admin_url,
-                Path(folder),
-                lambda run: scenario(run, sizes, plan),
-                lambda line: print(line, file=sys.stderr),
+                kinds, broker_url, admin_url, workdir, lambda run: scenario(run, sizes, plan), echo
             )
         )
+        done = not keep_logs and not any("error" in result for result in results.values())
+    finally:  # a failed broker's daemons' logs say why: kept, as throughput.py keeps its own
+        if done:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            echo(f"logs kept in {workdir}")
     for line in show(results, sizes):
         click.echo(line)
     if as_json:

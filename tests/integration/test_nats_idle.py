@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from lbg.broker import connect_broker
-from lbg.broker.base import Broker, BrokerError
+from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.broker.nats.adapter import consumer_name, events_stream
 from lbg.broker.nats.binding import NatsQueueBinding
 from lbg.broker.nats.direct import subscribe_direct
@@ -60,7 +60,7 @@ async def watched_group(
     group = f"{prefix}{uuid.uuid4().hex[:6]}"
     settings = BrokerSettings(url=url)
     admin = await connect_broker(settings, "admin", PRIORITY_TIMEOUT)
-    config = GroupConfig(hash_prefix=group, hash_count=4, queue_count=queues)
+    config = GroupConfig(hash_prefix=group, hash_count=max(4, queues), queue_count=queues)
     await admin.create_group(group, config)
     sides = [await connect_broker(settings, name, PRIORITY_TIMEOUT) for name in members]
     monitor = await nats.connect(url)
@@ -183,6 +183,68 @@ def test_coordinated_standbys_in_the_background_share_one_look_yet_take_a_silent
 
 
 async def _refused_listing(nc: Client, stream: str) -> set[str]:
+    raise TimeoutError(f"no answer for $JS.API.CONSUMER.LIST.{stream}")
+
+
+async def bind_all(url: str) -> None:
+    async with watched_group(url, "bindall", ("client",), queues=16) as w:
+        stream = events_stream(w.group)
+        infos: list[str] = []
+        listings: list[str] = []
+        await w.monitor.subscribe(f"$JS.API.CONSUMER.INFO.{stream}.*", cb=_record(infos))
+        await w.monitor.subscribe(f"$JS.API.CONSUMER.LIST.{stream}", cb=_record(listings))
+        await w.monitor.flush()
+
+        async def bind(queue: int) -> QueueBinding:  # as a dynamic client binds
+            binding = await w.sides[0].bind(w.group, w.config, queue, "client", preferred=False)
+            binding.set_coordinated()
+            return binding
+
+        bindings = await asyncio.gather(*map(bind, range(w.config.queue_count)))
+        await w.monitor.flush()
+        asked = len(infos), len(listings)
+        for binding in bindings:
+            await binding.close()
+        assert asked == (0, 1), f"{asked[0]} consumer infos and {asked[1]} listings for 16 queues"
+
+
+async def bind_all_refused(url: str) -> None:
+    async with watched_group(url, "bindall", ("client",), queues=4) as w:
+        stream = events_stream(w.group)
+        infos: list[str] = []
+        await w.monitor.subscribe(f"$JS.API.CONSUMER.INFO.{stream}.*", cb=_record(infos))
+        await w.monitor.flush()
+        queues = range(w.config.queue_count)
+        bindings = await asyncio.gather(
+            *(w.sides[0].bind(w.group, w.config, q, "client") for q in queues)
+        )
+        publisher = HashedPublisher(w.admin, w.group, w.config, "pub")
+        for key in (f"k{n}" for n in range(16)):
+            await publisher.publish(key, b"{}")
+        await until(lambda: all(b.active for b in bindings), 10, "every queue served")
+        await w.monitor.flush()
+        assert len(infos) >= len(bindings), f"{len(infos)} consumer infos for 4 queues"
+        for binding in bindings:
+            await binding.close()
+
+
+def test_a_client_learns_its_queues_consumers_from_one_listing(nats_url: str) -> None:
+    """Binding QC queues reads the consumers' settings from one listing of the stream (a page
+    per 256 consumers), not a request per queue: at QC 1024 those were a quarter of a second
+    of a join."""
+    asyncio.run(bind_all(nats_url))
+
+
+def test_where_the_listing_goes_unanswered_each_consumer_is_asked_for(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user set up before clients could list gets no answer to the listing: each consumer's
+    settings are then asked for on their own, and the queues are served as before."""
+    monkeypatch.setattr("lbg.broker.nats.consumers.jsapi.consumer_infos", _unanswered_listing)
+    asyncio.run(bind_all_refused(nats_url))
+
+
+async def _unanswered_listing(nc: Client, stream: str, timeout: float) -> list[dict]:
     raise TimeoutError(f"no answer for $JS.API.CONSUMER.LIST.{stream}")
 
 

@@ -56,6 +56,7 @@ from lbg.broker.nats import generations, jsapi
 from lbg.broker.nats.acksubject import stored_at
 from lbg.broker.nats.binding import PRIORITY_GROUP
 from lbg.broker.nats.connection import ConnectionLog, connect_nats
+from lbg.broker.nats.consumers import ConsumerSettings
 from lbg.broker.nats.direct import subscribe_direct
 from lbg.broker.nats.generations import bucket_filters, consumer_name, marker_subject
 from lbg.broker.nats.histories import HistoryFeed
@@ -162,7 +163,7 @@ class NatsBroker(Broker):
         events.on_reconnect.append(self._unpins.reconnected)
         self._histories: dict[str, HistoryFeed] = {}
         self._histories_made = asyncio.Lock()
-        self._settings: dict[tuple[str, str], tuple[float, bool]] = {}
+        self._consumers = ConsumerSettings(nc, events.refusal, priority_timeout)
         self._presence = NatsPresence(nc, CONTROL_PREFIX)
 
     @classmethod
@@ -411,9 +412,7 @@ class NatsBroker(Broker):
         """Drop what this connection remembers of a deleted group (a new one may take its name)."""
         if (feed := self._histories.pop(name, None)) is not None:
             await feed.close()
-        stream = events_stream(name)
-        for key in [k for k in self._settings if k[0] == stream]:
-            del self._settings[key]
+        self._consumers.forget(events_stream(name))
 
     async def queue_status(self, name: str, config: GroupConfig) -> list[QueueStatus]:
         owners = await self._owners(name)
@@ -537,22 +536,9 @@ class NatsBroker(Broker):
             return self._histories[group]
 
     async def _consumer_settings(self, group: str, queue: int, consumer: str) -> tuple[float, bool]:
-        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all);
-        asked once per consumer (a client binding QC queues asked twice each)."""
-        stream = events_stream(group)
-        if (known := self._settings.get((stream, consumer))) is not None:
-            return known
-        try:
-            info = await jsapi.consumer_info(self._nc, stream, consumer)
-        except (jsapi.JsApiError, NatsTimeoutError, TimeoutError) as exc:
-            refused = self._events.refusal(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
-            reason = refused or exc or "no answer"
-            raise BrokerError(f"group '{group}' queue {queue}: {reason}") from None
-        timeout_ns = info.get("config", {}).get("priority_timeout") or 0
-        ack_all = info.get("config", {}).get("ack_policy") == "all"
-        known = (timeout_ns / jsapi.NANOS if timeout_ns else self._priority_timeout), ack_all
-        self._settings[(stream, consumer)] = known
-        return known
+        """A consumer's priority timeout and whether it acks cumulatively (AckPolicy all)."""
+        where = f"group '{group}' queue {queue}"
+        return await self._consumers.of(events_stream(group), consumer, where)
 
     async def publish_control(self, group: str, body: bytes) -> None:
         try:

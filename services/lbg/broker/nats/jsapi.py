@@ -46,10 +46,12 @@ def nanos(seconds: float) -> int:
     return int(seconds * NANOS)
 
 
-async def request(nc: Client, subject: str, payload: dict[str, Any] | None = None) -> dict:
+async def request(
+    nc: Client, subject: str, payload: dict[str, Any] | None = None, timeout: float = API_TIMEOUT
+) -> dict:
     """Send one API request and return its JSON answer, raising JsApiError on an error reply."""
     body = orjson.dumps(payload) if payload is not None else b""
-    reply = await nc.request(subject, body, timeout=API_TIMEOUT)
+    reply = await nc.request(subject, body, timeout=timeout)
     answer = orjson.loads(reply.data) if reply.data else {}
     error = answer.get("error")
     if error:
@@ -104,11 +106,12 @@ async def consumer_info(nc: Client, stream: str, consumer: str) -> dict:
     return await request(nc, f"$JS.API.CONSUMER.INFO.{stream}.{consumer}")
 
 
-async def consumer_infos(nc: Client, stream: str) -> list[dict]:
+async def consumer_infos(nc: Client, stream: str, timeout: float = API_TIMEOUT) -> list[dict]:
     """Every consumer's state on `stream`, one request per page (the server's limit, 256)."""
     infos: list[dict] = []
+    subject = f"$JS.API.CONSUMER.LIST.{stream}"
     while True:
-        page = await request(nc, f"$JS.API.CONSUMER.LIST.{stream}", {"offset": len(infos)})
+        page = await request(nc, subject, {"offset": len(infos)}, timeout)
         consumers = page.get("consumers") or []
         infos += consumers
         if not consumers or len(infos) >= page.get("total", 0):
