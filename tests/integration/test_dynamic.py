@@ -240,3 +240,35 @@ def test_hooks_tell_a_handover_in_order(
             float(t) for t, pid, w, q in events if (by[pid], w, int(q)) == ("b", "assigned", queue)
         ]
         assert revoked and min(revoked) < min(assigned), f"queue {queue}: revoked after assigned"
+
+
+def test_a_group_that_went_quiet_serves_its_next_events_in_order(
+    make_group, deployment: LocalDeployment, validate, broker: BrokerEndpoint
+) -> None:
+    """On NATS an owner sent nothing for 15 priority timeouts gives its pin back and waits with
+    one long pull (binding.QUIET_TIMEOUTS); when the events come again each queue is taken by
+    its owner again, with nothing lost, duplicated or reordered."""
+    if broker.kind != "nats":
+        pytest.skip("only NATS owners give their pins back when quiet")
+    make_group("--priority-timeout", "0.4")  # quiet after 6 s
+    member(deployment, "client-a")
+    member(deployment, "client-b")
+    first = deployment.start_publisher("pub1", "--keys", "60", "--rate", "400", "--duration", "2")
+    assert first.wait(60) == 0, first.log_tail()
+    quiet = "quiet: its pin goes back"
+    wait_for(
+        lambda: all(quiet in log_of(deployment, n) for n in ("client-a", "client-b")),
+        20,
+        "the owners never gave their pins back",
+    )
+    again = deployment.start_publisher("pub2", "--keys", "60", "--rate", "400", "--duration", "2")
+    assert again.wait(60) == 0, again.log_tail()
+
+    report = validate()
+
+    assert (report["lost"], report["reordered"], report["duplicates"]) == (0, 0, 0)
+    assert set(report["per_client"]) == {"client-a", "client-b"}
+    for name in ("client-a", "client-b"):
+        log = log_of(deployment, name)
+        given_back = max(times_of(log, quiet))
+        assert any(t > given_back for t in times_of(log, "now serves queue")), name

@@ -30,6 +30,8 @@ from lbg.settings import BrokerSettings
 
 PRIORITY_TIMEOUT = 0.6
 IDLE_SECONDS = 6 * PRIORITY_TIMEOUT
+QUIET_TIMEOUTS = 3
+QUIET_SECONDS = QUIET_TIMEOUTS * PRIORITY_TIMEOUT + 1
 
 
 async def until(condition, timeout: float, what: str) -> float:
@@ -184,6 +186,56 @@ def test_coordinated_standbys_in_the_background_share_one_look_yet_take_a_silent
 
 async def _refused_listing(nc: Client, stream: str) -> set[str]:
     raise TimeoutError(f"no answer for $JS.API.CONSUMER.LIST.{stream}")
+
+
+async def quiet_owner(url: str) -> None:
+    async with watched_group(url, "quiet", ("owner", "standby"), "MSG.NEXT", "UNPIN") as w:
+        group, config, admin, (owner_side, standby_side) = w.group, w.config, w.admin, w.sides
+        pulls, unpins = w.calls["MSG.NEXT"], w.calls["UNPIN"]
+        changes: list[bool] = []
+        owner = await owner_side.bind(
+            group, config, 0, "owner", on_change=lambda _q, active: changes.append(active)
+        )
+        owner.set_coordinated()
+        standby = await standby_side.bind(group, config, 0, "standby", preferred=False)
+        standby.set_coordinated()
+        publisher = HashedPublisher(admin, group, config, "pub")
+        await publisher.publish("k", b"0")
+        first = await asyncio.wait_for(owner.next(), 5)
+        await asyncio.sleep(QUIET_SECONDS)  # one delivery not yet acked: it keeps its pin
+        assert owner.active and not unpins, "an owner with a delivery unacked gave its pin back"
+        assert await owner.ack(first)
+        await until(lambda: not owner.active, QUIET_SECONDS + 2, "the quiet owner's give-back")
+        assert len(unpins) == 1, f"{len(unpins)} unpins"
+        pulls.clear()
+        await asyncio.sleep(IDLE_SECONDS)
+        assert len(pulls) <= 1, f"{len(pulls)} pulls while the queue was given back"
+        for n in range(1, 4):
+            await publisher.publish("k", str(n).encode())
+        started = time.monotonic()
+        bodies = []
+        for _ in range(3):
+            delivery = await asyncio.wait_for(owner.next(), 5)
+            bodies.append(delivery.body)
+            assert await owner.ack(delivery)
+        taken = time.monotonic() - started
+        assert bodies == [b"1", b"2", b"3"], f"after the give-back: {bodies}"
+        assert taken < PRIORITY_TIMEOUT, f"the next event came {taken:.2f} s after it was sent"
+        assert changes == [True, False, True], f"active changes {changes}"
+        assert not standby.active
+        await owner.close()
+        await standby.close()
+
+
+def test_a_quiet_owner_gives_its_pin_back_and_takes_the_next_event_at_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinated owner that was sent nothing for QUIET_TIMEOUTS priority timeouts, with all
+    it was sent acked, hands its pin back and keeps one long waiting pull instead of a pull every
+    third of a priority timeout; the next events go to it at once, in order, and no other
+    member's standby takes the queue meanwhile."""
+    monkeypatch.setattr("lbg.broker.nats.binding.QUIET_TIMEOUTS", QUIET_TIMEOUTS)
+    asyncio.run(quiet_owner(nats_url))
 
 
 async def bind_all(url: str) -> None:

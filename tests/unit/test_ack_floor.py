@@ -111,3 +111,23 @@ def test_a_closing_stint_acks_exactly_what_it_finished(finished: set[int]) -> No
     floor = max(floor_acks, default=0)
     assert set(range(1, floor + 1)) | set(single_acks) == finished
     assert all(tag > floor for tag in single_acks) and len(set(single_acks)) == len(single_acks)
+
+
+@given(st.permutations(range(1, 20)), st.integers(0, 19))
+def test_a_floor_is_settled_once_every_delivery_finished_and_its_ack_was_taken(
+    finish_order: list[int], finished_count: int
+) -> None:
+    """What a quiet NATS owner checks before it gives its pin back: nothing it was sent is
+    unfinished, and no ack waits to be sent."""
+    floor = AckFloor(stream_sequence)
+    assert floor.settled
+    for sequence in range(1, 20):
+        floor.delivered(reply(sequence))
+    for sequence in finish_order[:finished_count]:
+        floor.finish(reply(sequence))
+    assert not floor.settled
+    for sequence in finish_order[finished_count:]:
+        floor.finish(reply(sequence))
+    assert not floor.settled, "settled with the floor's ack not yet taken"
+    floor.take()
+    assert floor.settled

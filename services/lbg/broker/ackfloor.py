@@ -50,6 +50,11 @@ class AckFloor(Generic[Token]):
             moved = True
         return moved
 
+    @property
+    def settled(self) -> bool:
+        """Every delivery of this stint was finished and its ack taken."""
+        return not self._order and self._best is None
+
     def take_finished_above(self) -> list[Token]:
         """The finished deliveries the floor has not reached (an unfinished one comes first),
         in arrival order, once."""
@@ -86,6 +91,11 @@ class FloorAcks(Generic[Token]):
     def restart(self) -> None:
         """A new stint: the old one's floor is dropped unsent (its deliveries come again)."""
         self._floor = AckFloor(self._rank)
+
+    @property
+    def settled(self) -> bool:
+        """Every delivery of this stint was finished and acked (or its ack is being sent)."""
+        return self._floor.settled
 
     def delivered(self, token: Token) -> None:
         self._floor.delivered(token)
