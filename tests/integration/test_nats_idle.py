@@ -199,6 +199,7 @@ async def quiet_owner(url: str) -> None:
         owner.set_coordinated()
         standby = await standby_side.bind(group, config, 0, "standby", preferred=False)
         standby.set_coordinated()
+        await asyncio.sleep(QUIET_SECONDS)  # waiting that long is not being quiet as an owner
         publisher = HashedPublisher(admin, group, config, "pub")
         await publisher.publish("k", b"0")
         first = await asyncio.wait_for(owner.next(), 5)

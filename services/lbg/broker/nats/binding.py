@@ -493,6 +493,7 @@ class NatsQueueBinding(LoopBinding):
         )
         log.debug("queue %d: pinned as %s; reset to %s", self.queue, pin, answer.get("reset_seq"))
         self._lose("taking over")
+        self._quiet_since = (time.monotonic(), None)  # quiet as an owner from now on only
         self._owner_epoch = epoch
         self._pin = pin
         self._last_pull = max(self._last_pull, pinned_at)
