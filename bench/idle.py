@@ -404,9 +404,11 @@ def cell(value: Any) -> str:
               help="Publish one event to every queue once the clients joined, and measure "
               "when each queue has an owner the broker knows: a group that served traffic and "
               "went quiet. Without it nothing is pinned on NATS, so its owners' pulls are not "
-              "in the figures. Give it --settle 30: first the queues whose event went to "
-              "whoever stood first in line move to their owners (RabbitMQ), and 1024 queues "
-              "record their first positions (Message DB).")  # fmt: skip
+              "in the figures. Give it --settle 40: first the queues whose event went to "
+              "whoever stood first in line move to their owners (RabbitMQ), 1024 queues "
+              "record their first positions (Message DB), and NATS owners give their pins "
+              "back after 15 priority timeouts (30 s) with no event (--settle 0 --window 25 "
+              "measures them still pinned).")  # fmt: skip
 @click.option("--keep-logs", is_flag=True,
               help="Keep the daemons' logs (their folder is printed at the end) even when every "
               "broker passed [default: kept only for a broker that failed].")  # fmt: skip
