@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import random
-import shutil
 import signal
 import statistics
 import string
@@ -51,8 +50,10 @@ from measure import (
     broker_options,
     chosen_brokers,
     cpu_seconds,
+    passed,
     run_per_broker,
     table,
+    tidy_workdir,
     tree_cpu_seconds,
     wakeups,
 )
@@ -443,19 +444,15 @@ def main(
     )
     workdir = Path(tempfile.mkdtemp(prefix="lbg-idle-"))
     echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    done = False
+    results = None
     try:
         results = uvloop.run(
             run_per_broker(
                 kinds, broker_url, admin_url, workdir, lambda run: scenario(run, sizes, plan), echo
             )
         )
-        done = not keep_logs and not any("error" in result for result in results.values())
-    finally:  # a failed broker's daemons' logs say why: kept, as throughput.py keeps its own
-        if done:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            echo(f"logs kept in {workdir}")
+    finally:
+        tidy_workdir(workdir, passed(results), echo, keep_logs)
     for line in show(results, sizes):
         click.echo(line)
     if as_json:

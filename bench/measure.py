@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -298,6 +299,20 @@ async def run_per_broker(
             result = {"error": str(exc)}
         results[kind] = result
     return results
+
+
+def passed(results: dict[str, dict[str, Any]] | None) -> bool:
+    """Whether a run finished with no broker failed (None: it did not finish)."""
+    return results is not None and not any("error" in result for result in results.values())
+
+
+def tidy_workdir(workdir: Path, passed: bool, echo: Echo, keep: bool = False) -> None:
+    """Remove a run's folder of daemon logs once every broker passed (unless `keep`); else
+    keep it and say where: a failed broker's logs say why."""
+    if passed and not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        echo(f"logs kept in {workdir}")
 
 
 def table(

@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import tempfile
@@ -52,8 +51,10 @@ from measure import (
     chosen_brokers,
     follow_records,
     machine_busy_seconds,
+    passed,
     run_per_broker,
     table,
+    tidy_workdir,
     verdict,
 )
 
@@ -1034,7 +1035,7 @@ def main(
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     logging.getLogger("lbg.validator").setLevel(logging.WARNING)
-    done = False
+    results = None
     echo(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     echo(f"brokers {', '.join(kinds)}; seed {seed}; logs in {workdir}")
     try:
@@ -1043,19 +1044,15 @@ def main(
                 kinds, broker_url, admin_url, workdir, functools.partial(run_all, opts, echo), echo
             )
         )
-        done = not any("error" in r for r in results.values())
     except (KeyboardInterrupt, asyncio.CancelledError):
         echo("interrupted: stopping everything this run started")
         sys.exit(130)
     finally:
-        if done and not keep_logs:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            echo(f"logs kept in {workdir}")
+        tidy_workdir(workdir, passed(results), echo, keep_logs)
     click.echo(summary_text(opts, results))
     if as_json:
         click.echo(json.dumps(results, separators=(",", ":")))
-    if not done:
+    if not passed(results):
         sys.exit(1)
 
 

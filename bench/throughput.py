@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -48,9 +47,11 @@ from measure import (
     follow_records,
     machine_busy_seconds,
     own_cpu_seconds,
+    passed,
     reaped_children_cpu_seconds,
     run_per_broker,
     table,
+    tidy_workdir,
     verdict,
 )
 from raw_events import Tally
@@ -828,7 +829,7 @@ def main(
     # Competing consumers reorder and move keys on nearly every event; logging each one would
     # slow the validator in that mode only. The counts are kept either way.
     logging.getLogger("lbg.validator").setLevel(logging.ERROR)
-    done = False
+    summaries = None
     try:
         echo(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         summaries = uvloop.run(
@@ -841,19 +842,15 @@ def main(
                 echo,
             )
         )
-        done = not any("error" in s for s in summaries.values())
     except (KeyboardInterrupt, asyncio.CancelledError):
         echo("interrupted: stopping everything this run started")
         sys.exit(130)
     finally:
-        if done:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            echo(f"logs kept in {workdir}")
+        tidy_workdir(workdir, passed(summaries), echo)
     click.echo(summary_text(opts, summaries))
     if as_json:
         click.echo(json.dumps(summaries, separators=(",", ":")))
-    if not done:
+    if not passed(summaries):
         sys.exit(1)
 
 
