@@ -54,6 +54,7 @@ from lbg.broker.rabbitmq.claims import OwnerClaims
 from lbg.broker.rabbitmq.connection import KeptConnection
 from lbg.broker.rabbitmq.management import ManagementApi, path_segment
 from lbg.broker.rabbitmq.parking import RabbitParkingLot
+from lbg.broker.rabbitmq.presence import RabbitPresence
 from lbg.broker.rabbitmq.provision import RabbitProvisioning
 from lbg.model.destinations import SYSTEM_PREFIX, Destination, OutputKind
 from lbg.model.group import GroupConfig, GroupConfigError
@@ -107,6 +108,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._control = KeptConnection(
             self._url, f"{name} heartbeats", self._connect_timeout, self._ssl
         )
+        self._presence = RabbitPresence(lambda: self._open_channel(control=True))
         self._channels: dict[str, AbstractChannel] = {}
         self._channel_locks: dict[str, asyncio.Lock] = {}
         self._warming: asyncio.Task[None] | None = None
@@ -458,9 +460,23 @@ class RabbitBroker(RabbitProvisioning, Broker):
                 except (AMQPError, BrokerError, ChannelInvalidStateError, ConnectionError) as exc:
                     log.warning("cannot restore the heartbeat subscription yet: %s", exc)
                     await asyncio.sleep(1.0)
+                    continue
+                try:
+                    await self._presence.restore(group)
+                except BrokerError as exc:  # peers then wait out this member's lease if silent
+                    log.warning("presence of group '%s' not restored: %s", group, exc)
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
+
+    async def announce_presence(self, group: str, member: str) -> bool:
+        return await self._presence.announce(group, member)
+
+    async def probe_member(self, group: str, member: str) -> bool | None:
+        return await self._presence.ask(group, member)
+
+    def on_connection_lost(self, listener: Callable[[], None]) -> None:
+        self._control.on_lost(listener)  # the member's lease rests on its heartbeats' connection
 
     def parking(self, group: str) -> ParkingLot:
         lot = self._parking.get(group)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import ssl
 import time
+from collections.abc import Callable
 
 import aio_pika
 from aio_pika.abc import AbstractConnection
@@ -38,6 +39,7 @@ class KeptConnection:
         self._connection: AbstractConnection | None = None
         self._lock = asyncio.Lock()
         self._closing = False
+        self._lost: list[Callable[[], None]] = []
 
     def connected(self) -> bool:
         connection = self._connection
@@ -91,9 +93,15 @@ class KeptConnection:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def on_lost(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever the open connection drops (not when closed on purpose)."""
+        self._lost.append(listener)
+
     def _on_closed(self, *_: object) -> None:
         if not self._closing:
             log.warning("disconnected from the broker (%s)", self._name)
+            for listener in self._lost:
+                listener()
 
     async def close(self) -> None:
         self._closing = True

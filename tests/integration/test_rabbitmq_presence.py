@@ -1,0 +1,97 @@
+"""RabbitMQ only: a member's peers ask the broker whether its heartbeat connection closed (an
+exclusive queue per member), so that a crashed member is gone without waiting out its lease."""
+
+import asyncio
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from tests.integration.test_rabbitmq_reconnect import drop_connections
+
+from lbg.broker.rabbitmq.adapter import RabbitBroker
+from lbg.devstack.brokers import BrokerEndpoint
+from lbg.model.group import GroupConfig
+from lbg.settings import BrokerSettings
+
+pytestmark = pytest.mark.skipif(
+    "rabbitmq" not in os.environ.get("LBG_TEST_BROKERS", "nats,rabbitmq"),
+    reason="RabbitMQ is not among LBG_TEST_BROKERS",
+)
+
+
+async def eventually(probe: Callable[[], Awaitable[bool | None]], want: bool) -> bool | None:
+    """The probe's answer once it is `want`, or its last answer after 5 s."""
+    answer = None
+    for _ in range(50):
+        answer = await probe()
+        if answer is want:
+            break
+        await asyncio.sleep(0.1)
+    return answer
+
+
+def test_a_member_is_alive_while_its_connection_is_open_and_gone_once_it_closes(
+    rabbitmq: BrokerEndpoint,
+) -> None:
+    async def scenario() -> None:
+        settings = BrokerSettings(url=rabbitmq.url)
+        group = f"t{uuid.uuid4().hex[:8]}"
+        member = await RabbitBroker.connect(settings, "member")
+        peer = await RabbitBroker.connect(settings, "peer")
+        try:
+            assert await member.announce_presence(group, "client-a.1") is True
+            assert await peer.probe_member(group, "client-a.1") is False
+            assert await peer.probe_member(group, "client-b") is True, "never announced"
+            await member.close()
+            assert await eventually(lambda: peer.probe_member(group, "client-a.1"), True)
+        finally:
+            await member.close()
+            await peer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_member_id_announced_twice_says_it_cannot_be_probed(rabbitmq: BrokerEndpoint) -> None:
+    async def scenario() -> None:
+        settings = BrokerSettings(url=rabbitmq.url)
+        group = f"t{uuid.uuid4().hex[:8]}"
+        first = await RabbitBroker.connect(settings, "first")
+        second = await RabbitBroker.connect(settings, "second")
+        try:
+            assert await first.announce_presence(group, "client-a") is True
+            assert await second.announce_presence(group, "client-a") is False
+            assert await second.probe_member(group, "client-a") is False, "the first is alive"
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_member_whose_connection_dropped_is_told_and_present_again_once_back(
+    rabbitmq: BrokerEndpoint,
+) -> None:
+    async def scenario() -> None:
+        settings = BrokerSettings(url=rabbitmq.url, admin_url=rabbitmq.admin_url)
+        group = f"t{uuid.uuid4().hex[:8]}"
+        name = f"m{uuid.uuid4().hex[:6]}"  # its connections' names start with it
+        member = await RabbitBroker.connect(settings, name)
+        peer = await RabbitBroker.connect(settings, "peer")
+        lost: list[str] = []
+        await peer.create_group(group, GroupConfig(hash_prefix=group, hash_count=2, queue_count=2))
+        try:
+            unsubscribe = await member.subscribe_control(group, lambda _body: None)
+            assert await member.announce_presence(group, "client-a") is True
+            member.on_connection_lost(lambda: lost.append("lost"))
+            await asyncio.to_thread(drop_connections, rabbitmq, {name})
+            assert await eventually(lambda: peer.probe_member(group, "client-a"), True)
+            assert lost, "the member was not told its heartbeat connection dropped"
+            assert await eventually(lambda: peer.probe_member(group, "client-a"), False) is False
+            await unsubscribe()
+        finally:
+            await peer.delete_group(group)
+            await member.close()
+            await peer.close()
+
+    asyncio.run(scenario())
