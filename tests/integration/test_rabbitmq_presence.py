@@ -43,6 +43,9 @@ def test_a_member_is_alive_while_its_connection_is_open_and_gone_once_it_closes(
             assert await member.announce_presence(group, "client-a.1") is True
             assert await peer.probe_member(group, "client-a.1") is False
             assert await peer.probe_member(group, "client-b") is True, "never announced"
+            too_long = "x" * 200  # its queue name would pass AMQP's 255 bytes
+            assert await member.announce_presence(group, too_long) is False
+            assert await peer.probe_member(group, too_long) is None
             await member.close()
             assert await eventually(lambda: peer.probe_member(group, "client-a.1"), True)
         finally:

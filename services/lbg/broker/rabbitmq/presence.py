@@ -29,6 +29,8 @@ from lbg.broker.rabbitmq.topology import member_queue_name
 
 # How long a probe waits for the broker's answer: past it, the member is taken as silent.
 PROBE_TIMEOUT = 0.5
+# AMQP's longest queue name, in bytes: a member whose id makes a longer one is never probed.
+MAX_QUEUE_NAME = 255
 
 OpenChannel = Callable[[], Awaitable[AbstractChannel]]
 
@@ -37,6 +39,11 @@ def presence_queue_name(group: str, member: str) -> str:
     """The member's presence queue: among the group's private member queues (`member.<hex>`,
     which a client user may declare and consume), its id in hex."""
     return member_queue_name(group, member.encode().hex())
+
+
+def probeable(group: str, member: str) -> bool:
+    """A member id short enough for a presence queue name."""
+    return len(presence_queue_name(group, member)) <= MAX_QUEUE_NAME
 
 
 class RabbitPresence:
@@ -50,6 +57,8 @@ class RabbitPresence:
     async def announce(self, group: str, member: str) -> bool:
         """Hold `member`'s presence queue; False when another connection holds it (the same
         member id started twice), so that its heartbeats say it cannot be probed."""
+        if not probeable(group, member):
+            return False
         self._members[group] = member
         return await self._hold(group)
 
@@ -77,6 +86,8 @@ class RabbitPresence:
 
     async def ask(self, group: str, member: str) -> bool | None:
         """Whether `member`'s heartbeat connection closed (Broker.probe_member)."""
+        if not probeable(group, member):
+            return None
         name = presence_queue_name(group, member)
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
