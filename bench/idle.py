@@ -39,8 +39,8 @@ import click
 import orjson
 import uvloop
 
+from lbg.broker.adapters import heartbeat_timing
 from lbg.broker.base import Broker, BrokerError
-from lbg.client.coordination import DynamicRole
 from lbg.devstack.deployment import Daemon, LocalDeployment
 from lbg.model.destinations import event_destination
 from lbg.model.group import GroupConfig
@@ -80,7 +80,8 @@ class Plan:
     settle: float = SETTLE_SECONDS
     member_args: tuple[str, ...] = ()
     raw: bool = True  # each size's floor too (raw_beats.py)
-    heartbeat_interval: float = DynamicRole().heartbeat_interval  # the members', the floor's
+    # The members' and the floor's heartbeat interval, from --member-config; None: the broker's.
+    heartbeat_interval: float | None = None
     primed: bool = False  # one event to every queue before the window (owners the broker knows)
 
 
@@ -284,9 +285,10 @@ async def measure_raw(run: BrokerRun, size: Size, plan: Plan) -> dict:
     name = f"raw{uuid.uuid4().hex[:6]}"
     deployment = run.deployment(name)
     command = [sys.executable, str(RAW_BEATS), "--broker-url", run.endpoint.url, "--name", name]
+    interval = plan.heartbeat_interval or heartbeat_timing(run.endpoint.url).interval
     try:
         members = [
-            deployment.spawn(f"r{n}", [*command, "--interval", str(plan.heartbeat_interval)])
+            deployment.spawn(f"r{n}", [*command, "--interval", str(interval)])
             for n in range(size.clients)
         ]
         ready = lambda: logged(deployment, [m.name for m in members], READY)  # noqa: E731
@@ -302,13 +304,12 @@ async def measure_raw(run: BrokerRun, size: Size, plan: Plan) -> dict:
     }
 
 
-def heartbeat_interval(member_config: str | None) -> float:
-    """The members' heartbeat interval: the member config's, else lbg's default."""
-    default = DynamicRole().heartbeat_interval
+def heartbeat_interval(member_config: str | None) -> float | None:
+    """The members' heartbeat interval if the member config sets one (else each broker's)."""
     if member_config is None:
-        return default
+        return None
     with open(member_config, "rb") as file:
-        return float(tomllib.load(file).get("client", {}).get("heartbeat_interval", default))
+        return tomllib.load(file).get("client", {}).get("heartbeat_interval")
 
 
 async def scenario(run: BrokerRun, sizes: list[Size], plan: Plan) -> dict[str, Any]:

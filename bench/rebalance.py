@@ -975,7 +975,7 @@ def saturation_notes(results: dict[str, dict[str, Any]]) -> list[str]:
     "--member-config",
     type=click.Path(exists=True, dir_okay=False),
     help="A TOML file every dynamic member runs with (--config), e.g. to try other [client] "
-    "heartbeat_interval, lease and lease_margin values [default: the built-in defaults].",
+    "heartbeat_interval, lease and lease_margin values [default: the broker's defaults].",
 )
 @click.option("--keep-logs", is_flag=True, help="Keep the daemons' logs even after a clean run.")
 @click.option(

@@ -6,10 +6,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Iterable
 
-# The beat of a client's periodic work: its heartbeat interval's default, and the period (or a
+from lbg.model.timing import DEFAULT_TIMING
+
+# The beat of a client's periodic work: the default heartbeat interval, and the period (or a
 # multiple of it) of the other work an idle client does several times a second (Message DB's
 # polls, the pause clock), so that its event loop wakes for all of it at once (sleep_to_multiple).
-BEAT = 0.15
+BEAT = DEFAULT_TIMING.interval
 # A multiple of the period closer than this fraction of it is skipped for the one after: an
 # event loop's timer may fire up to a millisecond early (uvloop rounds to milliseconds), and
 # work run just before its multiple must not be followed by another run just after it.

@@ -153,6 +153,7 @@ class Client:
         self._handler = as_async(handler)
         self._options = options or ClientSettings()
         self._options.validate()
+        self._timing = self._options.timing(self._settings.url)
         self.client_id = client_id or self._options.id or default_id("client")
         self._hooks = hooks
         self._stop = asyncio.Event()
@@ -163,9 +164,8 @@ class Client:
         o = self._options
         if o.index is not None and o.count is not None:
             return StaticRole(o.index, o.count)
-        return DynamicRole(
-            o.heartbeat_interval, o.lease, o.stall_timeout, lease_margin=o.lease_margin
-        )
+        t = self._timing
+        return DynamicRole(t.interval, t.lease, o.stall_timeout, lease_margin=t.margin)
 
     async def run(self, stop: asyncio.Event | None = None) -> ClientStats:
         """Join the group and work until `stop()` (or `stop` is set), then hand over cleanly."""

@@ -21,9 +21,10 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from lbg.broker.adapters import SCHEMES, adapter_for
+from lbg.broker.adapters import SCHEMES, adapter_for, heartbeat_timing
 from lbg.model.group import GROUP_NAME, GROUP_NAME_RULE, HASH_PREFIX, HASH_PREFIX_RULE
 from lbg.model.hashing import HASH_FUNCTIONS
+from lbg.model.timing import HeartbeatTiming
 
 T = TypeVar("T")
 
@@ -277,31 +278,23 @@ class ClientSettings:
     retries: int = _bounded(3, ge=0)
     retry_backoff: float = _bounded(0.2, ge=0)
     window: int = _bounded(256, ge=1)
-    heartbeat_interval: float = _bounded(0.15, gt=0)
-    lease: float = _bounded(0.7, gt=0)
-    lease_margin: float = _bounded(0.15, gt=0)
+    # Dynamic mode's heartbeat timing; None: the broker adapter's (heartbeat_timing).
+    heartbeat_interval: float | None = _bounded(None, gt=0)
+    lease: float | None = _bounded(None, gt=0)
+    lease_margin: float | None = _bounded(None, gt=0)
     stall_timeout: float = _bounded(30.0, gt=0)
     park_after_stalls: int = _bounded(2, ge=1)
 
+    def timing(self, broker_url: str) -> HeartbeatTiming:
+        """The heartbeat timing on the broker at `broker_url`: the values given here, that
+        broker's defaults for the others (a ValueError naming the key if they do not fit)."""
+        return heartbeat_timing(broker_url).given(
+            self.heartbeat_interval, self.lease, self.lease_margin
+        )
+
     def validate(self) -> None:
         """Static mode needs index and count together, with index < count; handler is mod:func.
-        The lease leaves a live member two heartbeats before it fences, and the margin lets a
-        member's own heartbeat come back within 2 x margin (model/lease.py)."""
-        if self.lease < 3 * self.heartbeat_interval:
-            raise ValueError(
-                f"lease: must be >= 3 x heartbeat_interval ({3 * self.heartbeat_interval:g}),"
-                f" got {self.lease:g}"
-            )
-        if not self.heartbeat_interval < 2 * self.lease_margin:
-            raise ValueError(
-                f"lease_margin: must be > heartbeat_interval / 2 ({self.heartbeat_interval / 2:g}),"
-                f" got {self.lease_margin:g}"
-            )
-        if self.lease - self.lease_margin < 2 * self.heartbeat_interval:
-            raise ValueError(
-                f"lease_margin: lease - lease_margin must be >= 2 x heartbeat_interval"
-                f" ({2 * self.heartbeat_interval:g}), got {self.lease - self.lease_margin:g}"
-            )
+        (The heartbeat timing is checked with the broker: ClientConfig, Client.)"""
         if (self.index is None) != (self.count is None):
             given, missing = ("index", "count") if self.count is None else ("count", "index")
             raise ValueError(f"{given}: static mode needs {missing} too")
@@ -380,6 +373,18 @@ class ClientConfig:
     client: ClientSettings = dataclasses.field(default_factory=ClientSettings)
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
+
+    def validate(self) -> None:
+        """The client's heartbeat timing fits together with its broker's defaults."""
+        client_timing(self.client, self.broker)
+
+
+def client_timing(client: ClientSettings, broker: BrokerSettings) -> HeartbeatTiming:
+    """`client.timing` on `broker`, its error naming the key as `client.<key>`."""
+    try:
+        return client.timing(broker.url)
+    except ValueError as exc:
+        raise ValueError(f"client.{exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,6 +507,8 @@ class _Builder:
         """A section's check failed with "<key>: <why>": name the flag if one gave that key
         (and any other flag named in the why), else the file or defaults and the section."""
         key, _, why = message.partition(":")
+        *section, key = key.split(".")  # a whole config's check names `<section>.<key>`
+        path = (*path, *section)
         for flagged, name in self.names.items():
             if flagged[:-1] == path:
                 why = re.sub(rf"\b{flagged[-1]}\b", name, why)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lbg.aio import BEAT, sleep_to_multiple
+from lbg.broker.adapters import RABBITMQ_TIMING
 from lbg.broker.pauses import TICKS_PER_LIMIT, PauseClock, tick_period
 
 LIMIT = 0.5
@@ -47,6 +48,7 @@ def test_sleep_to_multiple_wakes_on_the_wall_clocks_multiples_of_its_period() ->
 
 def test_the_default_stall_limit_ticks_on_the_heartbeats_beat() -> None:
     assert tick_period(1.0) == BEAT
+    assert tick_period(1.0, RABBITMQ_TIMING.interval) == RABBITMQ_TIMING.interval
 
 
 @given(st.floats(min_value=0.01, max_value=100.0))

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbg.broker.adapters import RABBITMQ_TIMING
 from lbg.model.group import GroupConfigError, validate_group_name
+from lbg.model.timing import DEFAULT_TIMING, HeartbeatTiming
 from lbg.settings import (
     PASSWORD_ENV,
     AdminConfig,
@@ -54,10 +56,32 @@ def test_example_files_load_and_match_defaults(name: str, schema: type) -> None:
 
 def test_the_idle_economy_profile_halves_the_heartbeats_within_the_lease_rules() -> None:
     config = load_config(CONFIG_DIR / "lbg-client-idle-economy.toml", ClientConfig)
-    defaults = load_config(None, ClientConfig)
-    assert config.client.heartbeat_interval == 2 * defaults.client.heartbeat_interval
-    assert config.client.lease == 2 * defaults.client.lease
-    assert config.client.lease_margin == 2 * defaults.client.lease_margin
+    timing = config.client.timing(config.broker.url)
+    assert (timing.interval, timing.lease, timing.margin) == (
+        2 * DEFAULT_TIMING.interval,
+        2 * DEFAULT_TIMING.lease,
+        2 * DEFAULT_TIMING.margin,
+    )
+
+
+def test_a_client_takes_its_brokers_heartbeat_timing_unless_its_config_sets_it(
+    tmp_path: Path,
+) -> None:
+    on_rabbitmq = write(tmp_path, '[broker]\nurl = "amqp://h:5672"\n')
+    config = load_config(on_rabbitmq, ClientConfig)
+    assert config.client.timing(config.broker.url) == RABBITMQ_TIMING
+    config = load_config(on_rabbitmq, ClientConfig, {"client.heartbeat_interval": 0.3})
+    assert config.client.timing(config.broker.url) == HeartbeatTiming(0.3, 1.0, 0.2)
+
+
+def test_a_heartbeat_timing_that_breaks_the_lease_rules_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "[client]\nheartbeat_interval = 0.3\n")
+    message = error_of(path, ClientConfig)
+    assert message == (
+        f"{path}: [client] lease: must be >= 3 x heartbeat_interval (0.9), got 0.7"
+    ), "NATS's default lease is too short for that interval"
+    path = write(tmp_path, '[broker]\nurl = "amqp://h"\n[client]\nheartbeat_interval = 0.3\n')
+    assert load_config(path, ClientConfig).client.timing("amqp://h").lease == 1.0
 
 
 def test_example_admin_file_describes_the_orders_group() -> None:

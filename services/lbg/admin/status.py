@@ -32,6 +32,7 @@ from lbg.settings import (
     MetricsSettings,
     PublisherSettings,
     ValidatorSettings,
+    client_timing,
 )
 
 
@@ -48,6 +49,14 @@ class OperatorConfig:
     validator: ValidatorSettings = dataclasses.field(default_factory=ValidatorSettings)
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
+
+    def validate(self) -> None:
+        client_timing(self.client, self.broker)
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often the group's members beat: this config's, else its broker's default."""
+        return client_timing(self.client, self.broker).interval
 
 
 @dataclass(frozen=True, slots=True)

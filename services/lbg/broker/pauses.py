@@ -10,18 +10,19 @@ import time
 
 from lbg.aio import BEAT, until_next
 
-# Ticks per stall limit at least: a live loop is taken for paused only once it runs most of
-# the limit late.
-TICKS_PER_LIMIT = 5
+# Ticks per stall limit at least: a live loop is taken for paused only once it runs three
+# quarters of the limit late.
+TICKS_PER_LIMIT = 4
 
 
-def tick_period(stall_limit: float) -> float:
-    """The pause clock's period: the longest multiple of the client's BEAT that still gives
-    TICKS_PER_LIMIT ticks per stall limit, so its ticks cost no wake of their own (0.15 s for
-    the default 1 s limit); the limit's fraction itself if shorter than a beat."""
+def tick_period(stall_limit: float, beat: float = BEAT) -> float:
+    """The pause clock's period: the longest multiple of the client's beat (its broker's
+    default heartbeat interval) that still gives TICKS_PER_LIMIT ticks per stall limit, so its
+    ticks cost no wake of their own (0.15 s for the default 1 s limit, 0.25 s on RabbitMQ);
+    the limit's fraction itself if shorter than a beat."""
     fraction = stall_limit / TICKS_PER_LIMIT
-    beats = math.floor(fraction / BEAT + 1e-9)
-    return beats * BEAT if beats else fraction
+    beats = math.floor(fraction / beat + 1e-9)
+    return beats * beat if beats else fraction
 
 
 class PauseClock:
@@ -31,8 +32,8 @@ class PauseClock:
     seen. A chain of timer callbacks, not a task: a tick resumes no coroutine and makes no
     future, several times a second in every idle client."""
 
-    def __init__(self, stall_limit: float) -> None:
-        self._period = tick_period(stall_limit)
+    def __init__(self, stall_limit: float, beat: float = BEAT) -> None:
+        self._period = tick_period(stall_limit, beat)
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._tick()

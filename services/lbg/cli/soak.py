@@ -72,7 +72,7 @@ from lbg.devstack.brokers import LOCAL_BROKERS
     type=click.Path(exists=True, dir_okay=False),
     help="A TOML file every client runs with (--config), e.g. to count the false alarms of"
     " other [client] heartbeat_interval, lease and lease_margin values [default: the"
-    " built-in defaults].",
+    " broker's defaults].",
 )
 @click.option("--seed", type=int, help="Seed of the fault sequence, to replay a run.")
 @workdir_option

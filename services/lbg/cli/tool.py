@@ -233,7 +233,8 @@ def _operator_options(command):
             "--listen",
             type=click.FloatRange(min=0.05),
             help=f"Seconds to listen for heartbeats [default: {DEFAULT_LISTEN}, or 3 heartbeat "
-            "intervals if the config's [client] heartbeat_interval makes that longer].",
+            "intervals if the config's [client] heartbeat_interval, or its broker's default "
+            "(0.25 s on RabbitMQ), makes that longer].",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
         verbose_option,
@@ -255,7 +256,7 @@ def _operator_settings(
     overrides = {"broker.url": broker_url, "broker.admin_url": admin_url, "group.name": group_name}
     settings = load(config_path, OperatorConfig, overrides)
     if listen is None:
-        listen = max(DEFAULT_LISTEN, 3 * settings.client.heartbeat_interval)
+        listen = max(DEFAULT_LISTEN, 3 * settings.heartbeat_interval)
     return settings, listen
 
 

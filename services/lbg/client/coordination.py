@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from lbg.aio import BEAT, cancel_and_wait
+from lbg.aio import cancel_and_wait
 from lbg.broker.base import Broker, BrokerError, QueueBinding
 from lbg.client.coordinator import Coordinator
 from lbg.client.steering import BindingSteering
 from lbg.metrics import gauge
 from lbg.model.assignment import is_primary
+from lbg.model.timing import DEFAULT_TIMING
 
 if TYPE_CHECKING:
     from lbg.metrics import Family
@@ -46,11 +47,11 @@ class DynamicRole:
     The member fences `lease_margin` before its lease ends, its peers evict that much after
     (see model/lease.py)."""
 
-    heartbeat_interval: float = BEAT
-    lease: float = 0.7
+    heartbeat_interval: float = DEFAULT_TIMING.interval
+    lease: float = DEFAULT_TIMING.lease
     stall_timeout: float = 30.0
     leave_timeout: float = 5.0
-    lease_margin: float = 0.15
+    lease_margin: float = DEFAULT_TIMING.margin
 
 
 Role = StaticRole | DynamicRole

@@ -29,6 +29,7 @@ from aiormq.abc import DeliveredMessage
 from yarl import URL
 
 from lbg.aio import cancel_and_wait
+from lbg.broker.adapters import RABBITMQ_TIMING
 from lbg.broker.base import (
     Broker,
     BrokerError,
@@ -115,7 +116,7 @@ class RabbitBroker(RabbitProvisioning, Broker):
         self._exchanges: dict[str, AbstractExchange] = {}
         self._prefixes: dict[str, str] = {}
         self._management: ManagementApi | None = None
-        self._pauses = PauseClock(self._heartbeat)
+        self._pauses = PauseClock(self._heartbeat, RABBITMQ_TIMING.interval)
         self._closing = False
         self._claims = OwnerClaims(self._open_channel, self._publish_claim)
         self._line_gate = asyncio.Semaphore(LINE_CHANGES_AT_ONCE)  # shared by its bindings
