@@ -3,13 +3,16 @@ exclusive queue per member), so that a crashed member is gone without waiting ou
 
 import asyncio
 import os
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
 from tests.integration.test_rabbitmq_reconnect import drop_connections
 
 from lbg.broker.rabbitmq.adapter import RabbitBroker
+from lbg.broker.rabbitmq.presence import presence_queue_name
 from lbg.devstack.brokers import BrokerEndpoint
 from lbg.model.group import GroupConfig
 from lbg.settings import BrokerSettings
@@ -29,6 +32,29 @@ async def eventually(probe: Callable[[], Awaitable[bool | None]], want: bool) ->
             break
         await asyncio.sleep(0.1)
     return answer
+
+
+def holder_port(rabbitmq: BrokerEndpoint, group: str, member: str) -> int | None:
+    """The client port of the connection holding `member`'s presence queue (None: no queue)."""
+    url = urllib.parse.urlsplit(rabbitmq.url)
+    auth = (urllib.parse.unquote(url.username or ""), urllib.parse.unquote(url.password or ""))
+    path = "/api/queues/%2F/" + urllib.parse.quote(presence_queue_name(group, member), safe="")
+    with httpx.Client(base_url=rabbitmq.admin_url, auth=auth, trust_env=False) as api:
+        response = api.get(path)
+    if response.status_code == 404:
+        return None
+    owner = response.raise_for_status().json()["owner_pid_details"]  # [] until its first stats
+    return int(owner["peer_port"]) if owner else None
+
+
+async def held_by_other_than(rabbitmq: BrokerEndpoint, group: str, port: int | None) -> int | None:
+    """The port holding client-a's presence queue once it is not `port` (within 10 s)."""
+    for _ in range(100):
+        now = await asyncio.to_thread(holder_port, rabbitmq, group, "client-a")
+        if now not in (None, port):
+            return now
+        await asyncio.sleep(0.1)
+    return None
 
 
 def test_a_member_is_alive_while_its_connection_is_open_and_gone_once_it_closes(
@@ -87,10 +113,11 @@ def test_a_member_whose_connection_dropped_is_told_and_present_again_once_back(
             unsubscribe = await member.subscribe_control(group, lambda _body: None)
             assert await member.announce_presence(group, "client-a") is True
             member.on_connection_lost(lambda: lost.append("lost"))
+            before = await held_by_other_than(rabbitmq, group, None)
             await asyncio.to_thread(drop_connections, rabbitmq, {name})
-            assert await eventually(lambda: peer.probe_member(group, "client-a"), True)
+            assert await held_by_other_than(rabbitmq, group, before), "not held again"
             assert lost, "the member was not told its heartbeat connection dropped"
-            assert await eventually(lambda: peer.probe_member(group, "client-a"), False) is False
+            assert await peer.probe_member(group, "client-a") is False
             await unsubscribe()
         finally:
             await peer.delete_group(group)
