@@ -186,6 +186,8 @@ def test_each_client_instance_is_dynamic_with_its_own_metrics_port(
     for n in range(1, INSTANCES + 1):
         settings = load_config(deployment.config(f"lbg-client-{n}.toml"), ClientConfig)
         assert settings.client.index is None and settings.client.count is None
+        assert settings.client.heartbeat_interval is None, "the broker's default timing"
+        assert settings.client.lease is None
         ports.append(settings.metrics.port)
     assert ports == list(range(METRICS_BASE, METRICS_BASE + INSTANCES))
 
