@@ -2,15 +2,17 @@
 exclusive queue per member), so that a crashed member is gone without waiting out its lease."""
 
 import asyncio
+import contextlib
 import os
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
 from tests.integration.test_rabbitmq_reconnect import drop_connections
 
+from lbg.broker.base import Broker
 from lbg.broker.rabbitmq.adapter import RabbitBroker
 from lbg.broker.rabbitmq.presence import presence_queue_name
 from lbg.devstack.brokers import BrokerEndpoint
@@ -57,15 +59,24 @@ async def held_by_other_than(rabbitmq: BrokerEndpoint, group: str, port: int | N
     return None
 
 
+@contextlib.asynccontextmanager
+async def two_members(rabbitmq: BrokerEndpoint) -> AsyncIterator[tuple[str, Broker, Broker]]:
+    """A fresh group name and two connected members, closed on the way out."""
+    settings = BrokerSettings(url=rabbitmq.url)
+    first = await RabbitBroker.connect(settings, "first")
+    second = await RabbitBroker.connect(settings, "second")
+    try:
+        yield f"t{uuid.uuid4().hex[:8]}", first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
 def test_a_member_is_alive_while_its_connection_is_open_and_gone_once_it_closes(
     rabbitmq: BrokerEndpoint,
 ) -> None:
     async def scenario() -> None:
-        settings = BrokerSettings(url=rabbitmq.url)
-        group = f"t{uuid.uuid4().hex[:8]}"
-        member = await RabbitBroker.connect(settings, "member")
-        peer = await RabbitBroker.connect(settings, "peer")
-        try:
+        async with two_members(rabbitmq) as (group, member, peer):
             assert await member.announce_presence(group, "client-a.1") is True
             assert await peer.probe_member(group, "client-a.1") is False
             assert await peer.probe_member(group, "client-b") is True, "never announced"
@@ -74,26 +85,16 @@ def test_a_member_is_alive_while_its_connection_is_open_and_gone_once_it_closes(
             assert await peer.probe_member(group, too_long) is None
             await member.close()
             assert await eventually(lambda: peer.probe_member(group, "client-a.1"), True)
-        finally:
-            await member.close()
-            await peer.close()
 
     asyncio.run(scenario())
 
 
 def test_a_member_id_announced_twice_says_it_cannot_be_probed(rabbitmq: BrokerEndpoint) -> None:
     async def scenario() -> None:
-        settings = BrokerSettings(url=rabbitmq.url)
-        group = f"t{uuid.uuid4().hex[:8]}"
-        first = await RabbitBroker.connect(settings, "first")
-        second = await RabbitBroker.connect(settings, "second")
-        try:
+        async with two_members(rabbitmq) as (group, first, second):
             assert await first.announce_presence(group, "client-a") is True
             assert await second.announce_presence(group, "client-a") is False
             assert await second.probe_member(group, "client-a") is False, "the first is alive"
-        finally:
-            await first.close()
-            await second.close()
 
     asyncio.run(scenario())
 
