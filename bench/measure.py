@@ -25,6 +25,7 @@ from lbg.broker.base import Broker, BrokerError, OutputMessage
 from lbg.devstack.brokers import LOCAL_BROKERS, BrokerEndpoint, local_broker
 from lbg.devstack.deployment import LocalDeployment
 from lbg.devstack.embedded import BrokerStartError
+from lbg.devstack.rabbitmq import TEST_STATISTICS_MS
 from lbg.settings import BrokerSettings
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -250,13 +251,17 @@ class Usage:
 
 @contextlib.contextmanager
 def open_broker(
-    kind: str, broker_url: str | None, admin_url: str | None, data_dir: Path
+    kind: str,
+    broker_url: str | None,
+    admin_url: str | None,
+    data_dir: Path,
+    rabbitmq_statistics_ms: int = TEST_STATISTICS_MS,
 ) -> Iterator[BrokerEndpoint]:
     """The broker at `broker_url`, else a private one of `kind` (stopped on exit)."""
     if broker_url is not None:
         yield BrokerEndpoint(kind, broker_url, admin_url)
         return
-    with local_broker(kind, data_dir) as endpoint:
+    with local_broker(kind, data_dir, rabbitmq_statistics_ms) as endpoint:
         yield endpoint
 
 
@@ -267,6 +272,7 @@ async def run_per_broker(
     workdir: Path,
     scenario: Callable[[BrokerRun], Awaitable[dict[str, Any]]],
     echo: Echo,
+    rabbitmq_statistics_ms: int = TEST_STATISTICS_MS,
 ) -> dict[str, dict[str, Any]]:
     """The whole scenario on each broker in turn; a failed one gets {"error": ...}, the rest run.
 
@@ -288,7 +294,9 @@ async def run_per_broker(
         try:
             # A private broker starts here, blocking the loop for its start (RabbitMQ: ~10 s);
             # a SIGTERM meanwhile cancels at the next await, inside this block.
-            with open_broker(kind, broker_url, admin_url, folder) as endpoint:
+            with open_broker(
+                kind, broker_url, admin_url, folder, rabbitmq_statistics_ms
+            ) as endpoint:
                 run = BrokerRun(endpoint, folder, listening_pid(endpoint.url))
                 echo(f"[{kind}] broker at {endpoint.url} (pid {run.pid or 'unknown'})")
                 usage = Usage(run.pid)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lbg.devstack.embedded import EmbeddedNats
 from lbg.devstack.postgres import LocalPostgres
-from lbg.devstack.rabbitmq import LocalRabbitMQ
+from lbg.devstack.rabbitmq import TEST_STATISTICS_MS, LocalRabbitMQ
 
 LOCAL_BROKERS = ("nats", "rabbitmq", "messagedb")
 
@@ -37,8 +37,11 @@ class BrokerEndpoint:
 
 
 @contextlib.contextmanager
-def local_broker(kind: str, data_dir: Path) -> Iterator[BrokerEndpoint]:
-    """Start a private broker of `kind` on free ports under `data_dir`; stop it on exit."""
+def local_broker(
+    kind: str, data_dir: Path, rabbitmq_statistics_ms: int = TEST_STATISTICS_MS
+) -> Iterator[BrokerEndpoint]:
+    """Start a private broker of `kind` on free ports under `data_dir`; stop it on exit. A
+    RabbitMQ node collects its management figures every `rabbitmq_statistics_ms`."""
     if kind == "nats":
         nats = EmbeddedNats(data_dir / "nats")
         url = nats.start()
@@ -47,7 +50,7 @@ def local_broker(kind: str, data_dir: Path) -> Iterator[BrokerEndpoint]:
         finally:
             nats.stop()
     elif kind == "rabbitmq":
-        rabbit = LocalRabbitMQ(data_dir / "rabbitmq")
+        rabbit = LocalRabbitMQ(data_dir / "rabbitmq", rabbitmq_statistics_ms)
         try:
             url = rabbit.start()
             yield BrokerEndpoint("rabbitmq", url, rabbit.admin_url, restart=rabbit.restart)
