@@ -13,8 +13,9 @@ from lbg.model.timing import DEFAULT_TIMING, HeartbeatTiming
 # RabbitMQ: a heartbeat costs a Python member two to three times what it costs on NATS (three
 # AMQP frames per delivery, and every member hears every member's), while a crashed member's
 # queues move at once by the broker's own line (single active consumer), not by the lease:
-# beats 0.25 s apart hold 8 idle members of a QC 256 group under 5 % of a core, and the
-# presence probe still sees a crash within lease - margin (0.8 s; bench/idle.py).
+# beats 0.25 s apart hold 8 idle members of a QC 256 group at about 5 % of a core (7-7.6 %
+# at 0.15 s), and the presence probe still sees a crash within lease - margin (0.8 s;
+# bench/idle.py).
 RABBITMQ_TIMING = HeartbeatTiming(interval=0.25, lease=1.0, margin=0.2)
 
 
