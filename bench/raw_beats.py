@@ -27,8 +27,8 @@ import uvloop
 from aio_pika.abc import AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
 READY = "raw member ready"
-# The size of an lbg heartbeat of an idle member that says nothing new (64-70 bytes).
-BODY_BYTES = 64
+# The size of an lbg heartbeat of an idle member that says nothing new (about 80-90 bytes).
+BODY_BYTES = 84
 # How often an idle Message DB consumer reads its category: lbg's clients' interval (on their
 # heartbeats' beat; Eventide's default poll is 0.1 s), so the floor reads as often as they do.
 POLL_SECONDS = 0.15

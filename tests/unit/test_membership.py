@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.support.clock import Clock
 
 from lbg.client.membership import MembershipView
-from lbg.model.control import Heartbeat, MemberState, queues_digest, unnumbered
+from lbg.model.control import Heartbeat, MemberState, members_digest, queues_digest, unnumbered
 from lbg.model.lease import LeaseTerms
 from lbg.model.messages import MalformedMessage
 
@@ -74,10 +74,19 @@ terms = st.none() | st.builds(
     st.frozensets(st.integers(0, 999), max_size=5),
     st.integers(0, 65535),
     terms,
+    st.none() | st.integers(0, 2**32 - 1),
 )
-def test_heartbeats_round_trip(member, state, owns, wants, generation, terms) -> None:
-    heartbeat = Heartbeat(member, state, owns, wants, generation, terms=terms)
+def test_heartbeats_round_trip(member, state, owns, wants, generation, terms, view) -> None:
+    heartbeat = Heartbeat(member, state, owns, wants, generation, terms=terms, view=view)
     assert Heartbeat.decode(heartbeat.encode()) == heartbeat
+
+
+@given(st.lists(st.text(max_size=8), max_size=6), st.randoms())
+def test_a_members_digest_does_not_depend_on_their_order(members, random) -> None:
+    shuffled = list(members)
+    random.shuffle(shuffled)
+    assert members_digest(shuffled) == members_digest(members)
+    assert members_digest([*members, "\x00new"]) != members_digest(members)
 
 
 @pytest.mark.parametrize("terms", [b"[1, 0.5]", b"[1]", b'"x"', b"7", b"[1, -0.1]", b"[1, 2, 3]"])

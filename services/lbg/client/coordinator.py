@@ -46,6 +46,7 @@ from lbg.model.control import (
     decode_message,
     encode_gossip,
     encode_sync,
+    members_digest,
     queues_digest,
     unnumbered,
 )
@@ -126,6 +127,7 @@ class Coordinator:
         no_queues: dict[int, str] = {}
         self._beat_of = (None, no_queues, frozenset(), queues_digest(no_queues, frozenset()))
         self._full_due = True
+        self._view_of: tuple[tuple[int, MemberState] | None, int] = (None, 0)
         self._syncs: set[str] = set()
         # What each active member last said in full, by its unnumbered body: the same word
         # again (most heartbeats) only renews its lease, unparsed.
@@ -166,7 +168,9 @@ class Coordinator:
         try:
             with contextlib.suppress(BrokerError, TimeoutError):
                 await self._beat()
-            while not self.own_lease.heard_the_group(loop.time() - started, self.interval):
+            while not self.own_lease.heard_the_group(
+                loop.time() - started, self.interval, self._view_agreed()
+            ):
                 await asyncio.sleep(JOIN_LISTEN_STEP)
         finally:
             self._listening = False
@@ -391,6 +395,19 @@ class Coordinator:
         for member in sorted(syncs):
             await self._broker.publish_control(self._group, encode_sync(member))
 
+    def _view_digest(self) -> int:
+        """The digest of the members this member counts (`_members`), kept while they stay."""
+        basis = (self.view.version, self.state)
+        if self._view_of[0] != basis:
+            self._view_of = (basis, members_digest(self._members()))
+        return self._view_of[1]
+
+    def _view_agreed(self) -> bool:
+        """Whether every peer heard says the view this member has: a joiner heard them all."""
+        heartbeats = self.view.heartbeats()
+        mine = self._view_digest()
+        return bool(heartbeats) and all(hb.view == mine for hb in heartbeats)
+
     def _members(self) -> list[str]:
         members = set(self.view.members())
         if self.state is MemberState.ACTIVE:
@@ -548,6 +565,7 @@ class Coordinator:
             full,
             self._probe_me,
             self.own_lease.terms,
+            self._view_digest(),
         )
         body = heartbeat.encode()
         self.own_lease.went_out_as(beat, body)

@@ -65,7 +65,9 @@ class Heartbeat:
     `probe`: the broker answers for this member's connection (Broker.probe_member), so a
     peer may ask it whether the member's connection closed instead of waiting out the lease.
     `terms`: the lease and margin the member fences itself by, which its peers evict it by
-    (None from a member that does not say: the peer's own)."""
+    (None from a member that does not say: the peer's own). `view`: the `members_digest` of
+    the active members its member counts, itself included (None: it does not say), so that
+    a newcomer knows when it has heard everyone its peers know of."""
 
     member: str
     state: MemberState
@@ -77,6 +79,7 @@ class Heartbeat:
     full: bool = True
     probe: bool = False
     terms: LeaseTerms | None = None
+    view: int | None = None
 
     def encode(self) -> bytes:
         body: dict[str, object] = {
@@ -90,6 +93,8 @@ class Heartbeat:
             body["p"] = 1
         if self.terms is not None:
             body["l"] = [self.terms.lease, self.terms.margin]
+        if self.view is not None:
+            body["v"] = self.view
         if self.full:
             body["o"] = {str(q): pin for q, pin in self.owns.items()}
             body["w"] = sorted(self.wants)
@@ -119,6 +124,7 @@ class Heartbeat:
             full,
             self.probe,
             self.terms,
+            self.view,
         )
 
     @classmethod
@@ -145,6 +151,7 @@ class Heartbeat:
                 full=full,
                 probe=bool(obj.get("p", 0)),
                 terms=_terms(obj["l"]) if "l" in obj else None,
+                view=int(obj["v"]) if "v" in obj else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"bad heartbeat: {exc!r}") from None
@@ -170,6 +177,11 @@ def unnumbered(body: bytes) -> bytes:
         return body
     end = body.find(b",", start + 5)
     return body[:start] + (body[end:] if end >= 0 else b"}")
+
+
+def members_digest(members: Iterable[str]) -> int:
+    """A short fingerprint of a set of member ids, the same in every process."""
+    return zlib.crc32(orjson.dumps(sorted(members)))
 
 
 def queues_digest(owns: Mapping[int, str], wants: frozenset[int]) -> int:

@@ -118,14 +118,15 @@ class OwnLease:
         self._lapsed = False
         return lapsed
 
-    def heard_the_group(self, listened: float, interval: float) -> bool:
+    def heard_the_group(self, listened: float, interval: float, agreed: bool = False) -> bool:
         """Whether a member that has listened `listened` s since it subscribed has heard every
-        live peer's next heartbeat: its own came back, and an interval plus that echo's delay
-        passed (each peer beats once an interval and answers a newcomer at once); or a lease
-        passed (its own heartbeats may not come back at all)."""
+        live peer's next heartbeat: its own came back, and either every peer it heard says
+        the view it now has (`agreed`: each answers a newcomer at once) or an interval plus
+        that echo's delay passed (each peer beats once an interval); or a lease passed (its
+        own heartbeats may not come back at all)."""
         if listened >= self.terms.lease:
             return True
-        return self._echoes > 0 and listened >= interval + self.echo_delay
+        return self._echoes > 0 and (agreed or listened >= interval + self.echo_delay)
 
     def lapse(self) -> None:
         """End the lease now (the connection to the broker was lost): nothing is processed until
