@@ -2,6 +2,7 @@
 the broker says its connection closed and nothing was heard from it meanwhile."""
 
 import asyncio
+import time
 
 from tests.support.clock import Clock
 
@@ -129,3 +130,71 @@ def test_a_peer_on_a_longer_lease_is_asked_about_once_its_own_lease_could_have_e
         assert broker.asked == ["slow"]
 
     asyncio.run(scenario())
+
+
+def test_where_the_line_takes_over_a_peer_is_asked_about_once_its_beat_is_overdue() -> None:
+    """On RabbitMQ the broker hands a crashed member's queues to the next in line itself: a
+    peer silent for interval + margin is asked about then, not only once its lease could have
+    ended, so a crash is seen as soon on a longer lease."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        broker, view = Broker(), MembershipView(1.5, clock, 0.3)
+        own = OwnLease(LeaseTerms(1.5, 0.3), clock)
+        probes = PresenceProbes(
+            broker,
+            "g",
+            view,
+            own,
+            lambda *_: None,
+            asyncio.Event(),
+            early=0.8,  # type: ignore[arg-type]
+        )
+        view.observe(beat("a"))
+        assert probes.next_due() == 0.8
+        clock.now = 0.79
+        own.echoed(own.sent())
+        probes.ask()
+        await asyncio.sleep(0)
+        assert broker.asked == []
+        clock.now = 0.8
+        probes.ask()
+        await asyncio.sleep(0)
+        assert broker.asked == ["a"], "asked at 0.8 s, not at lease - margin (1.2 s)"
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_peer_is_asked_about_by_the_watch_between_rounds() -> None:
+    """No round needs to run at a peer's overdue moment (each round beats): the watch's own
+    timer asks, on the wall clock's multiples of its tick."""
+
+    async def scenario() -> tuple[list[str], float]:
+        broker, view = Broker(), MembershipView(1.5, time.monotonic, 0.3)
+        own = OwnLease(LeaseTerms(1.5, 0.3))
+        probes = PresenceProbes(
+            broker,  # type: ignore[arg-type]
+            "g",
+            view,
+            own,
+            lambda *_: None,
+            asyncio.Event(),
+            early=0.05,
+            tick=0.04,
+        )
+        view.observe(beat("a"))
+        own.echoed(own.sent())
+        probes.watch()
+        await asyncio.sleep(0.03)
+        assert broker.asked == [], "not before its beat is overdue"
+        for _ in range(500):  # half a second at most
+            if broker.asked:
+                break
+            await asyncio.sleep(0.001)
+        asked_at = time.time()
+        probes.close()
+        return broker.asked, asked_at % 0.04
+
+    asked, phase = asyncio.run(scenario())
+    assert asked == ["a"]
+    assert min(phase, 0.04 - phase) < 0.01, f"{phase:.3f} s off the tick"

@@ -139,8 +139,12 @@ class Coordinator:
         self._handover_waits_for: set[str] = set()
         # Whether peers may ask the broker if this member's connection closed (presence).
         self._probe_me = False
+        # Where the broker's line moves a crashed member's queues, a silent peer is asked
+        # about once its beat is overdue, between two rounds, not only once its lease could
+        # have ended (client/presence.py).
+        early = (interval + margin / 2, interval / 2) if broker.line_takes_over else (None, None)
         self._probes = PresenceProbes(
-            broker, group, self.view, self.own_lease, self._forget, self._wake
+            broker, group, self.view, self.own_lease, self._forget, self._wake, *early
         )
 
     @property
@@ -209,10 +213,7 @@ class Coordinator:
         ends, not up to a heartbeat later. A lapse already due waits for a round anyway (the
         view was stale)."""
         cadence = until_next(self.interval)
-        due = min(
-            (d for d in (self.view.next_expiry(), self._probes.next_due()) if d is not None),
-            default=None,
-        )
+        due = self.view.next_expiry()  # (silent peers are asked about by a timer: watch)
         if due is None:
             return cadence
         left = due + EXPIRY_SLACK - self._clock()
@@ -289,6 +290,7 @@ class Coordinator:
             self._forget(heartbeat, "lease lapsed")
         if current:
             self._probes.ask()
+            self._probes.watch()
         for override in self.overrides.drop_unknown(self._known, self.lease):
             log.info("override queue %d -> %s dropped: no such member", override.queue, override.to)
         held = self.rebalance()

@@ -70,11 +70,9 @@ class MembershipView:
             self._version += 1
         return [self._seen.pop(member).heartbeat for member in gone]
 
-    def silent_past_fence(self) -> dict[str, float]:
-        """Members not heard from for their `fence_delay` or more: when each was last heard."""
-        now = self._clock()
-        delay = self.fence_delay
-        return {m: seen.at for m, seen in self._seen.items() if now - seen.at >= delay(m)}
+    def now(self) -> float:
+        """The view's clock: what `last_heard` is measured by."""
+        return self._clock()
 
     def fence_delay(self, member: str) -> float:
         """How long after its last heartbeat `member` has surely stopped, if it has been cut
