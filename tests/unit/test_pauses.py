@@ -48,7 +48,19 @@ def test_sleep_to_multiple_wakes_on_the_wall_clocks_multiples_of_its_period() ->
 
 def test_the_default_stall_limit_ticks_on_the_heartbeats_beat() -> None:
     assert tick_period(1.0) == BEAT
-    assert tick_period(1.0, RABBITMQ_TIMING.interval) == RABBITMQ_TIMING.interval
+    assert tick_period(1.0, RABBITMQ_TIMING.interval) == RABBITMQ_TIMING.interval / 2
+
+
+@given(st.floats(min_value=0.01, max_value=10.0), st.floats(min_value=0.01, max_value=10.0))
+def test_a_tick_shorter_than_the_beat_is_the_longest_fraction_of_it_short_enough(
+    limit: float, beat: float
+) -> None:
+    period, longest = tick_period(limit, beat), limit / TICKS_PER_LIMIT
+    assert 0 < period <= longest * (1 + 1e-9)
+    if longest < beat:
+        parts = round(beat / period)
+        assert abs(beat / period - parts) < 1e-6, "its ticks fall on the rounds"
+        assert beat / (parts - 1) > longest * (1 - 1e-9), "no longer fraction would do"
 
 
 @given(st.floats(min_value=0.01, max_value=100.0))

@@ -71,7 +71,7 @@ def test_a_client_takes_its_brokers_heartbeat_timing_unless_its_config_sets_it(
     config = load_config(on_rabbitmq, ClientConfig)
     assert config.client.timing(config.broker.url) == RABBITMQ_TIMING
     config = load_config(on_rabbitmq, ClientConfig, {"client.heartbeat_interval": 0.3})
-    assert config.client.timing(config.broker.url) == HeartbeatTiming(0.3, 1.0, 0.2)
+    assert config.client.timing(config.broker.url) == HeartbeatTiming(0.3, 1.5, 0.3)
 
 
 def test_a_heartbeat_timing_that_breaks_the_lease_rules_names_the_key(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_a_heartbeat_timing_that_breaks_the_lease_rules_names_the_key(tmp_path: 
         f"{path}: [client] lease: must be >= 3 x heartbeat_interval (0.9), got 0.7"
     ), "NATS's default lease is too short for that interval"
     path = write(tmp_path, '[broker]\nurl = "amqp://h"\n[client]\nheartbeat_interval = 0.3\n')
-    assert load_config(path, ClientConfig).client.timing("amqp://h").lease == 1.0
+    assert load_config(path, ClientConfig).client.timing("amqp://h").lease == 1.5
 
 
 def test_example_admin_file_describes_the_orders_group() -> None:

@@ -39,7 +39,7 @@ def test_rabbitmq_members_beat_less_often_than_the_others_by_default() -> None:
 
 
 def test_a_config_overrides_any_default_and_the_rest_still_apply() -> None:
-    assert RABBITMQ_TIMING.given(0.3, None, None) == HeartbeatTiming(0.3, 1.0, 0.2)
+    assert RABBITMQ_TIMING.given(0.3, None, None) == HeartbeatTiming(0.3, 1.5, 0.3)
     assert DEFAULT_TIMING.given(None, 0.9, None) == HeartbeatTiming(0.15, 0.9, 0.15)
     with pytest.raises(ValueError, match=r"^lease: must be >= 3 x heartbeat_interval \(0.9\)"):
         DEFAULT_TIMING.given(0.3, None, None)

@@ -12,11 +12,12 @@ from lbg.model.timing import DEFAULT_TIMING, HeartbeatTiming
 
 # RabbitMQ: a heartbeat costs a Python member two to three times what it costs on NATS (three
 # AMQP frames per delivery, and every member hears every member's), while a crashed member's
-# queues move at once by the broker's own line (single active consumer), not by the lease:
-# beats 0.25 s apart hold 8 idle members of a QC 256 group at about 5 % of a core (7-7.6 %
-# at 0.15 s), and the presence probe still sees a crash within lease - margin (0.8 s;
-# bench/idle.py).
-RABBITMQ_TIMING = HeartbeatTiming(interval=0.25, lease=1.0, margin=0.2)
+# queues move at once by the broker's own line (single active consumer), not by the lease, and
+# a peer asks the broker about a silent member after interval + margin (client/presence.py):
+# beats 0.5 s apart hold 8 idle members of a QC 256 group at 0.6 of what 0.25 s cost, a
+# crash is still seen within 0.8 s, and a member cut off fences 1.2 s after its last
+# confirmed beat, before the broker gives up its connection (about 2.4 s; bench/idle.py).
+RABBITMQ_TIMING = HeartbeatTiming(interval=0.5, lease=1.5, margin=0.3)
 
 
 @dataclass(frozen=True, slots=True)
