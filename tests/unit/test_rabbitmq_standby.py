@@ -90,15 +90,19 @@ def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
     async def count_consumers(_queue: str) -> int:
         return 1  # what the owner's queue said while a standby waited behind it
 
+    told: list[bool] = []
+
     async def steps() -> None:
         binding = RabbitQueueBinding(
             0, "q0", "tag", open_channel, count_consumers, True, POLL, lambda: 0.0, 60.0,
             preferred=False,
         )  # fmt: skip
+        binding.tell_when_waiting(lambda _queue: told.append(binding.waiting))
         binding.set_coordinated()
         binding.set_preferred(True)
         await asyncio.sleep(5 * POLL)
         assert binding.waiting and len(channels) == 1, "a preferred standby waits in line"
+        assert told == [True], "its coordinator was told it stands ready"
         binding.set_preferred(False)
         await asyncio.sleep(5 * POLL)
         assert not channels[0].is_closed, "left to the count, it would stay in line"
@@ -106,6 +110,7 @@ def test_a_standby_steps_out_of_the_line_when_its_coordinator_says_so() -> None:
         assert binding.waiting, "it counts as waiting until it has left the line"
         await asyncio.sleep(5 * POLL)
         assert channels[0].is_closed and not binding.waiting, "it left the line"
+        assert told == [True, False], "and its coordinator was told it no longer waits"
         assert len(channels) == 1, "and stays out"
         await binding.close()
 

@@ -250,9 +250,11 @@ class QueueBinding(abc.ABC):
 
     def tell_when_waiting(self, listener: WaitListener) -> None:
         """Call `listener(queue)` whenever this binding starts to wait after a round trip to
-        the broker (a registration in the queue's line), so its coordinator says at once that
-        it stands ready. By default never: a binding that waits as soon as it is preferred is
-        found waiting by the coordinator's own round."""
+        the broker (a registration in the queue's line), or stops once it stepped out of the
+        line as told (`step_out`), so its coordinator says so at once: the queue's owner hands
+        it over only once its next owner stands ready and, where the broker gives it to
+        whoever waits first, nobody else waits. By default never: a binding that waits as
+        soon as it is preferred is found waiting by the coordinator's own round."""
         return None
 
     def set_coordinated(self) -> None:

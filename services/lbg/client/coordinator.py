@@ -235,8 +235,10 @@ class Coordinator:
             )
 
     def stands_ready(self, _queue: int) -> None:
-        """A binding started to wait for its queue after a registration at the broker: say
-        so in a round soon (STANDING_ROUND_SPACING), so the queue's owner may hand it over."""
+        """A binding started to wait for its queue after a registration at the broker, or
+        stopped once it stepped out of the line: say so in a round soon
+        (STANDING_ROUND_SPACING), so the queue's owner may hand it over (to this member, or
+        to the member now alone in its line) without waiting for the next regular round."""
         if not self._listening:
             spaced = self._round_at + STANDING_ROUND_SPACING * self.interval - self._clock()
             self._standing_round.ask(max(STANDING_ROUND_DELAY, spaced))

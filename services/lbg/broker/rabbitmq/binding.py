@@ -244,7 +244,10 @@ class RabbitQueueBinding(LoopBinding):
                 return self._until_look(None)
             await self._join_line()
         elif self._looks_by_itself() and await self._crowded(stint):
+            told = stint.leaving
             await self._leave_line()
+            if told and self._on_waiting is not None:  # the owner waited for it to step out
+                self._on_waiting(self.queue)
             return self._poll
         if self._looks_by_itself():
             return self._until_look(self._stint)
