@@ -3,6 +3,7 @@ the broker says its connection closed and nothing was heard from it meanwhile.""
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from tests.support.clock import Clock
 
@@ -32,11 +33,12 @@ def beat(member: str, probe: bool = True) -> Heartbeat:
 
 
 def setup(
-    clock: Clock,
+    clock: Callable[[], float], terms: LeaseTerms = TERMS, **timing: float
 ) -> tuple[Broker, MembershipView, PresenceProbes, OwnLease, list[str]]:
+    """Probes of one member on `terms`; `timing`: PresenceProbes' early and tick."""
     broker = Broker()
-    view = MembershipView(TERMS.lease, clock, TERMS.margin)
-    own = OwnLease(TERMS, clock)
+    view = MembershipView(terms.lease, clock, terms.margin)
+    own = OwnLease(terms, clock)
     forgotten: list[str] = []
     probes = PresenceProbes(
         broker,  # type: ignore[arg-type]
@@ -45,8 +47,20 @@ def setup(
         own,
         lambda heartbeat, why: forgotten.append(f"{heartbeat.member}: {why}"),
         asyncio.Event(),
+        **timing,
     )
     return broker, view, probes, own, forgotten
+
+
+async def asked_by(
+    now: float, clock: Clock, probes: PresenceProbes, own: OwnLease, broker: Broker
+) -> list[str]:
+    """Whom the probes have asked about once they looked at `now`, this member's view current."""
+    clock.now = now
+    own.echoed(own.sent())
+    probes.ask()
+    await asyncio.sleep(0)
+    return list(broker.asked)
 
 
 def test_a_peer_silent_for_lease_minus_margin_is_asked_about_once_and_forgotten() -> None:
@@ -118,49 +132,24 @@ def test_a_peer_on_a_longer_lease_is_asked_about_once_its_own_lease_could_have_e
         broker, view, probes, own, _ = setup(clock)
         view.observe(Heartbeat("slow", MemberState.ACTIVE, probe=True, terms=LeaseTerms(1.4, 0.3)))
         assert probes.next_due() == 1.4 - 0.3
-        clock.now = 1.0
-        own.echoed(own.sent())
-        probes.ask()
-        await asyncio.sleep(0)
-        assert broker.asked == []
-        clock.now = 1.1
-        own.echoed(own.sent())
-        probes.ask()
-        await asyncio.sleep(0)
-        assert broker.asked == ["slow"]
+        assert await asked_by(1.0, clock, probes, own, broker) == []
+        assert await asked_by(1.1, clock, probes, own, broker) == ["slow"]
 
     asyncio.run(scenario())
 
 
 def test_where_the_line_takes_over_a_peer_is_asked_about_once_its_beat_is_overdue() -> None:
     """On RabbitMQ the broker hands a crashed member's queues to the next in line itself: a
-    peer silent for interval + margin is asked about then, not only once its lease could have
-    ended, so a crash is seen as soon on a longer lease."""
+    peer silent for `early` (interval + margin / 2) is asked about then, not only once its
+    lease - margin (1.2 s here) could have ended, so a crash is seen as soon on a longer lease."""
 
     async def scenario() -> None:
         clock = Clock()
-        broker, view = Broker(), MembershipView(1.5, clock, 0.3)
-        own = OwnLease(LeaseTerms(1.5, 0.3), clock)
-        probes = PresenceProbes(
-            broker,
-            "g",
-            view,
-            own,
-            lambda *_: None,
-            asyncio.Event(),
-            early=0.8,  # type: ignore[arg-type]
-        )
+        broker, view, probes, own, _ = setup(clock, LeaseTerms(1.5, 0.3), early=0.8)
         view.observe(beat("a"))
         assert probes.next_due() == 0.8
-        clock.now = 0.79
-        own.echoed(own.sent())
-        probes.ask()
-        await asyncio.sleep(0)
-        assert broker.asked == []
-        clock.now = 0.8
-        probes.ask()
-        await asyncio.sleep(0)
-        assert broker.asked == ["a"], "asked at 0.8 s, not at lease - margin (1.2 s)"
+        assert await asked_by(0.79, clock, probes, own, broker) == []
+        assert await asked_by(0.8, clock, probes, own, broker) == ["a"], "not at 1.2 s"
 
     asyncio.run(scenario())
 
@@ -170,17 +159,8 @@ def test_a_silent_peer_is_asked_about_by_the_watch_between_rounds() -> None:
     timer asks, on the wall clock's multiples of its tick."""
 
     async def scenario() -> tuple[list[str], float]:
-        broker, view = Broker(), MembershipView(1.5, time.monotonic, 0.3)
-        own = OwnLease(LeaseTerms(1.5, 0.3))
-        probes = PresenceProbes(
-            broker,  # type: ignore[arg-type]
-            "g",
-            view,
-            own,
-            lambda *_: None,
-            asyncio.Event(),
-            early=0.05,
-            tick=0.04,
+        broker, view, probes, own, _ = setup(
+            time.monotonic, LeaseTerms(1.5, 0.3), early=0.05, tick=0.04
         )
         view.observe(beat("a"))
         own.echoed(own.sent())
