@@ -20,7 +20,7 @@ def tick_period(stall_limit: float, beat: float = BEAT) -> float:
     default heartbeat interval) that still gives TICKS_PER_LIMIT ticks per stall limit, so its
     ticks cost no wake of their own (0.15 s for the default 1 s limit); where a beat is longer
     than that, the longest even fraction of the beat short enough (0.25 s on RabbitMQ's 0.5 s
-    beat), so every other tick or so falls on a round."""
+    beat), so one tick in every few falls on a round."""
     fraction = stall_limit / TICKS_PER_LIMIT
     beats = math.floor(fraction / beat + 1e-9)
     return beats * beat if beats else beat / math.ceil(beat / fraction - 1e-9)
