@@ -7,8 +7,11 @@ EmbeddedNats with its own store, client port and cluster port.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
+
+import nats
 
 from lbg.devstack.embedded import BrokerStartError, EmbeddedNats, free_port
 
@@ -55,13 +58,39 @@ class LocalNatsCluster:
         return self.url
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Wait until every running node reports itself healthy (JetStream current)."""
+        """Wait until every running node reports itself healthy (JetStream current) and
+        answers a JetStream API request: /healthz can pass before, and a stream created then
+        found no responders (test_nats_cluster, once)."""
         deadline = time.monotonic() + timeout
-        while not all(node.healthy() for node in self.nodes if node.running):
+        while not self._ready():
             if time.monotonic() >= deadline:
                 raise BrokerStartError(f"NATS cluster not healthy after {timeout:g} s")
             time.sleep(POLL_SECONDS)
 
+    def _ready(self) -> bool:
+        running = [node for node in self.nodes if node.running]
+        return all(node.healthy() for node in running) and asyncio.run(
+            _jetstream_answers([node.url for node in running])
+        )
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+async def _jetstream_answers(urls: list[str]) -> bool:
+    """Whether the JetStream API answers without an error through each of `urls`."""
+    for url in urls:
+        try:
+            nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False)
+        except Exception:  # nats-py raises several kinds while a server starts
+            return False
+        try:
+            reply = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+        except Exception:
+            return False
+        finally:
+            await nc.close()
+        if b'"error"' in reply.data:
+            return False
+    return True
