@@ -13,7 +13,7 @@ from lbg.model.timing import DEFAULT_TIMING, HeartbeatTiming
 # RabbitMQ: a heartbeat costs a Python member two to three times what it costs on NATS (three
 # AMQP frames per delivery, and every member hears every member's), while a crashed member's
 # queues move at once by the broker's own line (single active consumer), not by the lease, and
-# a peer asks the broker about a silent member after interval + margin (client/presence.py):
+# a peer asks the broker about a silent member after interval + margin / 2 (client/presence.py):
 # beats 0.5 s apart hold 8 idle members of a QC 256 group at 0.6 of what 0.25 s cost, a
 # crash is still seen within 0.8 s, and a member cut off fences 1.2 s after its last
 # confirmed beat, before the broker gives up its connection (about 2.4 s; bench/idle.py).
